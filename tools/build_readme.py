@@ -1,0 +1,36 @@
+"""Write README.md from the front page, `nbs/index.ipynb` (markdown cells as they are, shown code as Python blocks).
+
+    python tools/build_readme.py          # write README.md
+    python tools/build_readme.py --check  # exit 1 if README.md is out of date
+"""
+import json, re, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INDEX, README = ROOT / "nbs" / "index.ipynb", ROOT / "README.md"
+HEADER = "<!-- Generated from nbs/index.ipynb by tools/build_readme.py: edit the notebook, not this file. -->\n\n"
+
+
+def _src(c): return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+
+
+def readme_text(index=INDEX):
+    "The README's text for the front-page notebook `index`."
+    parts = []
+    for c in json.loads(Path(index).read_text())["cells"]:
+        s = _src(c).strip()
+        if not s: continue
+        if c["cell_type"] == "markdown": parts.append(s)
+        elif c["cell_type"] == "code":
+            if re.match(r"#\|\s*(hide|export)", s): continue
+            parts.append("```python\n" + "\n".join(l for l in s.splitlines() if not l.startswith("#|")) + "\n```")
+    return HEADER + "\n\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    text = readme_text()
+    if "--check" in sys.argv:
+        ok = README.exists() and README.read_text() == text
+        print("README.md is up to date" if ok else "README.md is stale: run python tools/build_readme.py")
+        sys.exit(0 if ok else 1)
+    README.write_text(text); print(f"wrote {README}")
