@@ -8,7 +8,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/attention.html.m
 __all__ = ['ATTN_FNS', 'POSITIONS', 'check_option', 'attention_mask', 'alibi_slopes', 'alibi_bias', 'sinusoidal_positions',
            'softmax_attention', 'spline_attention', 'hardmax_attention', 'attention_weights', 'attend', 'SelfAttention']
 
-# %% ../nbs/02_attention.ipynb #01deca95
+# %% ../nbs/02_attention.ipynb #e5c96719
 import math
 from typing import Callable, Optional
 
@@ -16,11 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# %% ../nbs/02_attention.ipynb #440d067b
+# %% ../nbs/02_attention.ipynb #e0b4d063
 ATTN_FNS = ("softmax", "spline", "hardmax")  # score nonlinearities `attend` knows
 POSITIONS = ("learned", "sinusoidal", "alibi", "none")  # ways to tell a model where a token is
 
-# %% ../nbs/02_attention.ipynb #767a82ae
+# %% ../nbs/02_attention.ipynb #a50f27a3
 def check_option(
     value:str, # the option given
     valid:tuple, # the names allowed
@@ -31,7 +31,7 @@ def check_option(
         raise ValueError(f"unknown {what} {value!r}; valid values are {', '.join(repr(v) for v in valid)}")
     return value
 
-# %% ../nbs/02_attention.ipynb #4e5936a1
+# %% ../nbs/02_attention.ipynb #ec044011
 def attention_mask(
     T:int, # sequence length
     causal:bool=True, # allow key j for query i only if j <= i
@@ -47,7 +47,7 @@ def attention_mask(
     keys = (~padding_mask.to(device))[:, None, None, :]  # (B, 1, 1, T)
     return keys if mask is None else keys & mask
 
-# %% ../nbs/02_attention.ipynb #9befca43
+# %% ../nbs/02_attention.ipynb #1c387a0d
 def alibi_slopes(
     n_heads:int, # number of attention heads H
 )->torch.Tensor:
@@ -55,7 +55,7 @@ def alibi_slopes(
     h = torch.arange(1, n_heads + 1, dtype=torch.float64)
     return torch.pow(2.0, -8.0 * h / n_heads).float()
 
-# %% ../nbs/02_attention.ipynb #01e71e32
+# %% ../nbs/02_attention.ipynb #e9c316dd
 def alibi_bias(
     n_heads:int, # number of attention heads H
     T:int, # sequence length
@@ -67,7 +67,7 @@ def alibi_bias(
     dist = (pos[:, None] - pos[None, :]).abs().to(dtype)
     return -alibi_slopes(n_heads).to(device=device, dtype=dtype)[:, None, None] * dist
 
-# %% ../nbs/02_attention.ipynb #dfdd67db
+# %% ../nbs/02_attention.ipynb #e6ca136c
 def sinusoidal_positions(
     max_len:int, # number of positions
     d_model:int, # embedding width
@@ -80,12 +80,16 @@ def sinusoidal_positions(
     pe[:, 1::2] = torch.cos(pos * freq)[:, : d_model // 2]
     return pe.float()
 
-# %% ../nbs/02_attention.ipynb #077d164c
-def _guard(den:torch.Tensor, eps:float)->torch.Tensor:
-    "sign(den) * max(|den|, eps), with sign(0) = +1 (spec §2.4)."
-    return torch.where(den >= 0, den.clamp_min(eps), den.clamp_max(-eps))
+# %% ../nbs/02_attention.ipynb #c2084835
+def _guard(den:torch.Tensor, floor:torch.Tensor)->torch.Tensor:
+    "sign(den) * max(|den|, floor), with sign(0) = +1 (spec §2.4)."
+    return torch.where(den >= 0, torch.maximum(den, floor), torch.minimum(den, -floor))
 
-# %% ../nbs/02_attention.ipynb #45350aae
+def _floor(w:torch.Tensor, eps:float)->torch.Tensor:
+    "The guard's threshold for each row: eps times the row's total weight magnitude (a constant for autograd)."
+    with torch.no_grad(): return eps * w.abs().sum(-1, keepdim=True) + torch.finfo(w.dtype).tiny
+
+# %% ../nbs/02_attention.ipynb #15b284af
 def _scores(q, k, bias):
     "Scaled scores q k^T / sqrt(d) in float32, plus an optional additive bias."
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -93,12 +97,12 @@ def _scores(q, k, bias):
     if s.dtype in (torch.float16, torch.bfloat16): s = s.float()
     return s if bias is None else s + bias
 
-# %% ../nbs/02_attention.ipynb #c9ffb121
+# %% ../nbs/02_attention.ipynb #546c71de
 def _row_has_key(mask):
     "True for query rows that may attend to at least one key, shaped to broadcast against the output."
     return mask.any(-1, keepdim=True)
 
-# %% ../nbs/02_attention.ipynb #b1d300c0
+# %% ../nbs/02_attention.ipynb #d332bb18
 def softmax_attention(q, k, v, mask=None, bias=None, dropout_p=0.0, causal=False):
     "Softmax attention through `F.scaled_dot_product_attention`; rows with no allowed key give 0."
     if mask is None and bias is None:
@@ -112,36 +116,36 @@ def softmax_attention(q, k, v, mask=None, bias=None, dropout_p=0.0, causal=False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out * ok.to(out.dtype)
 
-# %% ../nbs/02_attention.ipynb #a6791df5
+# %% ../nbs/02_attention.ipynb #2ba834aa
 def _combine(a, b):
     "Logical and of two optional masks."
     if a is None: return b
     if b is None: return a
     return a & b
 
-# %% ../nbs/02_attention.ipynb #c9fbac7f
+# %% ../nbs/02_attention.ipynb #87e46da9
 def spline_attention(q, k, v, phi:Callable, mask=None, bias=None, dropout_p=0.0, causal=False, eps:float=1e-6, stats:Optional[dict]=None):
     "Learned-kernel attention: weights phi(s) on the (biased) scores, 0 where masked, normalised by the guarded row sum."
     if causal: mask = _combine(mask, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
     s = _scores(q, k, bias)
     w = phi(s)
     if mask is not None: w = w.masked_fill(~mask, 0.0)
-    den = w.sum(-1, keepdim=True)
-    if stats is not None: _record_stats(stats, w, den, mask, eps)
-    den = _guard(den, eps)
+    den, floor = w.sum(-1, keepdim=True), _floor(w, eps)
+    if stats is not None: _record_stats(stats, w, den, floor, mask)
+    den = _guard(den, floor)
     if dropout_p > 0: w = F.dropout(w, dropout_p)
     return torch.matmul(w.to(v.dtype), v) / den.to(v.dtype)
 
-# %% ../nbs/02_attention.ipynb #45d60551
+# %% ../nbs/02_attention.ipynb #5563d628
 @torch.no_grad()
-def _record_stats(stats, w, den, mask, eps):
+def _record_stats(stats, w, den, floor, mask):
     "Fill `stats` with the fraction of negative weights among allowed entries and of rows whose denominator was guarded."
     n_allowed = w.numel() if mask is None else mask.expand_as(w).sum()
     stats["frac_negative_weights"] = float((w < 0).sum() / max(int(n_allowed), 1))
-    stats["frac_guarded_rows"] = float((den.abs() < eps).float().mean())
+    stats["frac_guarded_rows"] = float((den.abs() < floor).float().mean())
     stats["min_row_sum"] = float(den.min())
 
-# %% ../nbs/02_attention.ipynb #b64aebcb
+# %% ../nbs/02_attention.ipynb #20c112d9
 def hardmax_attention(q, k, v, mask=None, bias=None, causal=False):
     "Hardmax attention: uniform weights over the keys that tie for the row's maximum score; rows with no key give 0."
     if causal: mask = _combine(mask, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
@@ -152,7 +156,7 @@ def hardmax_attention(q, k, v, mask=None, bias=None, causal=False):
     den = w.sum(-1, keepdim=True).clamp_min(1.0)
     return torch.matmul(w, v) / den
 
-# %% ../nbs/02_attention.ipynb #d1ef2b1f
+# %% ../nbs/02_attention.ipynb #c36b4de7
 def attention_weights(
     q:torch.Tensor, # queries (..., H, T, d_head)
     k:torch.Tensor, # keys (..., H, T, d_head)
@@ -161,7 +165,7 @@ def attention_weights(
     causal:bool=True, # mask future keys
     mask:Optional[torch.Tensor]=None, # extra boolean mask, True where attending is allowed
     bias:Optional[torch.Tensor]=None, # additive score bias
-    eps:float=1e-6, # denominator guard of the spline kernel
+    eps:float=1e-6, # spline kernel: relative denominator guard (times the row sum of |weights|)
 )->torch.Tensor:
     "The normalised attention matrix (..., H, T, T) that `attend` applies to the values (for plots and checks)."
     check_option(attn_fn, ATTN_FNS, "attn_fn")
@@ -177,9 +181,9 @@ def attention_weights(
     if phi is None: raise ValueError("attn_fn='spline' needs phi, the kernel function")
     w = phi(s)
     if mask is not None: w = w.masked_fill(~mask, 0.0)
-    return w / _guard(w.sum(-1, keepdim=True), eps)
+    return w / _guard(w.sum(-1, keepdim=True), _floor(w, eps))
 
-# %% ../nbs/02_attention.ipynb #45332ff0
+# %% ../nbs/02_attention.ipynb #b8882020
 def attend(
     q:torch.Tensor, # queries (..., H, T, d_head)
     k:torch.Tensor, # keys (..., H, T, d_head)
@@ -190,7 +194,7 @@ def attend(
     mask:Optional[torch.Tensor]=None, # extra boolean mask, True where attending is allowed (broadcasts to (..., H, T, T))
     bias:Optional[torch.Tensor]=None, # additive score bias such as ALiBi's (broadcasts to (..., H, T, T))
     dropout_p:float=0.0, # dropout on the attention weights (training only)
-    eps:float=1e-6, # denominator guard of the spline kernel
+    eps:float=1e-6, # spline kernel: relative denominator guard (times the row sum of |weights|)
     stats:Optional[dict]=None, # if a dict, the spline kernel writes its diagnostics into it
 )->torch.Tensor:
     "Self-attention with a chosen score nonlinearity; returns (..., H, T, d_head)."
@@ -200,7 +204,7 @@ def attend(
     if phi is None: raise ValueError("attn_fn='spline' needs phi, the kernel function (e.g. a LinearSpline initialised with init='exp')")
     return spline_attention(q, k, v, phi, mask, bias, dropout_p, causal, eps, stats)
 
-# %% ../nbs/02_attention.ipynb #7063c8ff
+# %% ../nbs/02_attention.ipynb #e5340fe8
 class SelfAttention(nn.Module):
     "Multi-head self-attention with a pluggable score nonlinearity and optional ALiBi bias."
     def __init__(self,

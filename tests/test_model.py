@@ -1,0 +1,330 @@
+"""Attention, Transformer, Nonlinearities and Ensemble: behaviour that must hold for every option."""
+import itertools
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spline_transformers.attention import ATTN_FNS, POSITIONS, attend, attention_mask, alibi_bias, attention_weights
+from spline_transformers.splines import LinearSpline
+from spline_transformers.model import (TransformerConfig, Transformer, Nonlinearities, MLP_ACTS, SHARINGS,
+                                       future_leak)
+from spline_transformers.ensemble import Ensemble, per_model_loss
+
+torch.set_num_threads(1)
+
+CFG = TransformerConfig(vocab_size=11, n_layers=2, d_model=16, n_heads=2, max_len=12,
+                        mlp_act="spline", attn_fn="spline", pos="alibi", attn_init="exp", mlp_init="gelu")
+
+
+def tokens(B=2, T=9, seed=0, vocab=11):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- attention
+@pytest.mark.parametrize("alibi,padded", list(itertools.product([False, True], [False, True])))
+def test_exp_spline_kernel_reproduces_softmax(alibi, padded):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    s = LinearSpline(n_knots=2001, x_min=-12.0, x_max=12.0, init="exp")
+    pm = torch.zeros(2, 10, dtype=torch.bool)
+    if padded: pm[0, :4] = True
+    mask = attention_mask(10, causal=False, padding_mask=pm)
+    bias = alibi_bias(3, 10) if alibi else None
+    ref = attend(q, k, v, "softmax", mask=mask, bias=bias)
+    out = attend(q, k, v, "spline", phi=s, mask=mask, bias=bias)
+    h = s.h
+    assert (out - ref).abs().max() < 10 * h ** 2  # interpolation error of exp, h^2/8 relative
+    A = attention_weights(q, k, "spline", phi=s, mask=mask, bias=bias)
+    A_ref = attention_weights(q, k, "softmax", mask=mask, bias=bias)
+    assert (A - A_ref).abs().max() < h ** 2
+
+
+def test_spline_kernel_masked_entries_contribute_nothing():
+    # a kernel with a large boundary value: masked (future) keys would dominate if they were not zeroed
+    s = LinearSpline(n_knots=5, x_min=-1.0, x_max=1.0, init=lambda a: 100.0 - 99 * (a + 1) / 2)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 4) for _ in range(3))
+    out = attend(q, k, v, "spline", phi=s)
+    v2 = v.clone(); v2[..., 3:, :] += 1000.0
+    assert torch.allclose(attend(q, k, v2, "spline", phi=s)[..., :3, :], out[..., :3, :])
+    A = attention_weights(q, k, "spline", phi=s)
+    assert torch.all(A.triu(1) == 0)
+
+
+def test_spline_kernel_denominator_guard_and_stats():
+    q = torch.zeros(1, 1, 4, 2); k = torch.zeros(1, 1, 4, 2); v = torch.ones(1, 1, 4, 2)
+    stats = {}
+    out = attend(q, k, v, "spline", phi=lambda s: s * 0.0, stats=stats)   # every weight 0: the guard must fire
+    assert torch.isfinite(out).all() and out.abs().max() == 0
+    assert stats["frac_guarded_rows"] == 1.0
+    out = attend(q, k, v, "spline", phi=lambda s: s - 1.0, stats=stats)   # every weight -1: rows sum to -n
+    assert torch.allclose(out, v) and stats["frac_negative_weights"] == 1.0 and stats["frac_guarded_rows"] == 0.0
+
+
+def test_hardmax_ties_are_uniform():
+    q = torch.ones(1, 1, 3, 1); k = torch.tensor([[[[1.0], [1.0], [0.0]]]]); v = torch.tensor([[[[0.0], [2.0], [9.0]]]])
+    out = attend(q, k, v, "hardmax", causal=False)
+    assert torch.allclose(out[0, 0, :, 0], torch.tensor([1.0, 1.0, 1.0]))
+
+
+def test_rows_without_keys_give_zero_not_nan():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
+    pm = torch.tensor([[True, True, False, False, False]])
+    mask = attention_mask(5, causal=False, padding_mask=pm)
+    s = LinearSpline(n_knots=64, init=1.0)
+    for fn in ATTN_FNS:
+        out = attend(q, k, v, fn, phi=s, mask=mask)
+        assert torch.isfinite(out).all() and out[:, :, :2].abs().max() == 0, fn
+        out.sum().backward()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v)), fn
+
+
+# ---------------------------------------------------------------- model
+@pytest.mark.parametrize("attn_fn,pos", list(itertools.product(ATTN_FNS, POSITIONS)))
+def test_no_future_leak(attn_fn, pos):
+    torch.manual_seed(0)
+    model = Transformer(replace(CFG, attn_fn=attn_fn, pos=pos, attn_init=1.0, mlp_init="gelu"))
+    for p in (1, 4, 8):
+        assert future_leak(model, T=9, pos=p) == 0.0
+
+
+@pytest.mark.parametrize("attn_fn,pos", list(itertools.product(ATTN_FNS, POSITIONS)))
+def test_padding_keys_are_ignored(attn_fn, pos):
+    "Changing a padding token changes no output at a non-padding position."
+    torch.manual_seed(0)
+    model = Transformer(replace(CFG, attn_fn=attn_fn, pos=pos, attn_init=1.0))
+    x = tokens(2, 8)
+    pm = torch.zeros(2, 8, dtype=torch.bool); pm[:, :3] = True  # left padding
+    y = x.clone(); y[:, :3] = (x[:, :3] + 3) % 11
+    with torch.no_grad():
+        a, b = model(x, padding_mask=pm), model(y, padding_mask=pm)
+    assert torch.isfinite(a).all()
+    assert (a[:, 3:] - b[:, 3:]).abs().max() == 0.0
+
+
+def _fine_pair(mlp_std, mlp_spl, attn_std="softmax", attn_spl="spline", **kw):
+    fine = dict(n_knots=4001, spline_range=10.0, attn_init="exp", mlp_init="gelu")
+    torch.manual_seed(0); a = Transformer(replace(CFG, mlp_act=mlp_std, attn_fn=attn_std, **fine, **kw))
+    torch.manual_seed(0); b = Transformer(replace(CFG, mlp_act=mlp_spl, attn_fn=attn_spl, **fine, **kw))
+    return a, b
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_exp_attention_spline_reproduces_softmax_model(pos):
+    a, b = _fine_pair("gelu", "gelu", pos=pos)
+    with torch.no_grad(): d = (a(tokens()) - b(tokens())).abs().max()
+    assert d < 5e-5, d
+
+
+def test_gelu_mlp_spline_reproduces_gelu_model():
+    a, b = _fine_pair("gelu", "spline", attn_spl="softmax")
+    with torch.no_grad(): d = (a(tokens()) - b(tokens())).abs().max()
+    assert d < 5e-5, d
+    # and the gated variant: a spline initialised to silu in the gate reproduces SwiGLU
+    fine = dict(n_knots=4001, spline_range=10.0, mlp_init=F.silu, attn_fn="softmax")
+    torch.manual_seed(0); s = Transformer(replace(CFG, mlp_act="swiglu", **fine))
+    torch.manual_seed(0); g = Transformer(replace(CFG, mlp_act="glu_spline", **fine))
+    with torch.no_grad(): d = (s(tokens()) - g(tokens())).abs().max()
+    assert d < 5e-5, d
+
+
+@pytest.mark.parametrize("mlp_act", MLP_ACTS)
+def test_every_mlp_act_trains(mlp_act):
+    torch.manual_seed(0)
+    model = Transformer(replace(CFG, mlp_act=mlp_act, mlp_init="gelu"))
+    x = tokens(4, 10)
+    loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, 11), x[:, 1:].reshape(-1))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.weight_parameters())
+
+
+def test_bad_options_name_the_valid_ones():
+    for field, bad, valid in [("mlp_act", "tanh", "glu_spline"), ("attn_fn", "sigmoid", "hardmax"),
+                              ("pos", "rope", "sinusoidal"), ("sharing", "all", "per_layer"),
+                              ("norm", "batchnorm", "rmsnorm"), ("extrapolate", "zero", "constant")]:
+        with pytest.raises(ValueError, match=valid):
+            replace(CFG, **{field: bad})
+    with pytest.raises(ValueError, match="detach"):
+        Transformer(CFG)(tokens(), detach="splines")
+
+
+def test_detach_routes_gradients_in_a_single_model():
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    x = tokens()
+    for detach, want_w, want_s in [(None, True, True), ("nonlinearities", True, False), ("weights", False, True)]:
+        model.zero_grad(set_to_none=True)
+        out = model(x, detach=detach)
+        out.square().mean().backward()
+        assert any(p.grad is not None for p in model.weight_parameters()) == want_w, detach
+        assert any(p.grad is not None for p in model.nonlinearities.parameters()) == want_s, detach
+    with torch.no_grad():
+        assert torch.equal(model(x, detach="weights"), model(x))
+
+
+@pytest.mark.parametrize("sharing", SHARINGS)
+def test_sharing_counts_and_layout(sharing):
+    cfg = replace(CFG, n_layers=5, sharing=sharing)
+    nl = Transformer(cfg).nonlinearities
+    n = {"shared": 1, "per_layer": 5, "ends": 3}[sharing]
+    assert len(nl.mlp) == n and len(nl.attn) == n
+    assert {id(nl.mlp_phi(l)) for l in range(5)} == {id(s) for s in nl.mlp}
+
+
+@pytest.mark.parametrize("sharing", SHARINGS)
+def test_save_load_roundtrip_and_depth_transfer(tmp_path, sharing):
+    cfg = replace(CFG, n_layers=3, sharing=sharing)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.nonlinearities.parameters(): p.add_(torch.randn_like(p))
+    path = model.nonlinearities.save(tmp_path / "nl")
+    other = Transformer(cfg).load_nonlinearities(path)
+    x = tokens()
+    with torch.no_grad():
+        other.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("nonlinearities.")}, strict=False)
+        assert torch.equal(other(x), model(x))
+    assert other.nonlinearities.frozen
+    for L in (1, 2, 6):
+        deep = Transformer(replace(cfg, n_layers=L)).load_nonlinearities(path)
+        assert deep.nonlinearities.n_layers == L
+        # first layer keeps the first layer's functions, last layer the last layer's
+        z = torch.linspace(-3, 3, 7)
+        assert torch.equal(deep.nonlinearities.mlp_phi(0)(z), model.nonlinearities.mlp_phi(0)(z))
+        if L > 1: assert torch.equal(deep.nonlinearities.mlp_phi(L - 1)(z), model.nonlinearities.mlp_phi(2)(z))
+
+
+def test_load_errors_are_clear(tmp_path):
+    model = Transformer(CFG)
+    path = model.nonlinearities.save(tmp_path / "nl")
+    with pytest.raises(ValueError, match="n_knots"):
+        Transformer(replace(CFG, n_knots=32)).load_nonlinearities(path)
+    with pytest.raises(ValueError, match="but these nonlinearities have none"):
+        Transformer(replace(CFG, attn_fn="softmax", mlp_act="gelu")).nonlinearities.save(tmp_path / "none")
+        Transformer(CFG).load_nonlinearities(tmp_path / "none.safetensors")
+    with pytest.raises(FileNotFoundError):
+        Nonlinearities.load(tmp_path / "missing.safetensors")
+    bad = tmp_path / "bad.safetensors"; bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt"):
+        Nonlinearities.load(bad)
+    from safetensors.torch import save_file
+    save_file({"mlp.0": torch.zeros(3)}, str(tmp_path / "foreign.safetensors"))
+    with pytest.raises(ValueError, match="config"):
+        Nonlinearities.load(tmp_path / "foreign.safetensors")
+    nan = Transformer(CFG).nonlinearities
+    with torch.no_grad(): nan.mlp[0].values[3] = float("nan")
+    p = nan.save(tmp_path / "nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        Nonlinearities.load(p)
+
+
+def test_generate_greedy_and_sampled():
+    torch.manual_seed(0)
+    model = Transformer(replace(CFG, pos="learned"))
+    prompt = tokens(2, 5)
+    out = model.generate(prompt, 10, temperature=0)        # runs past max_len=12: the context is cropped
+    assert out.shape == (2, 15) and torch.equal(out[:, :5], prompt)
+    with torch.no_grad():
+        assert torch.equal(out[:, 5], model(prompt)[:, -1].argmax(-1))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(model.generate(prompt, 4, temperature=0.8, generator=g1), model.generate(prompt, 4, temperature=0.8, generator=g2))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 1, temperature=-1)
+
+
+def test_summary_and_param_groups():
+    model = Transformer(CFG)
+    s = repr(model)
+    assert "\n" not in s and "2 layers" in s and "spline" in s
+    groups = model.param_groups(0.1, include_nonlinearities=True)
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0 and groups[2]["weight_decay"] == 0
+    assert {id(p) for p in groups[2]["params"]} == {id(p) for p in model.nonlinearities.parameters()}
+    assert sum(p.numel() for g in groups[:2] for p in g["params"]) == model.n_params()
+
+
+def test_bf16_autocast_on_cpu():
+    torch.manual_seed(0)
+    model = Transformer(CFG)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(tokens())
+    assert torch.isfinite(out.float()).all()
+    out.float().sum().backward()
+
+
+# ---------------------------------------------------------------- ensemble
+@pytest.mark.parametrize("variant", [
+    dict(),
+    dict(pos="learned", mlp_act="glu_spline", sharing="per_layer", tie_embeddings=False),
+    dict(pos="sinusoidal", attn_fn="softmax", mlp_act="gelu", norm="layernorm", bias=False),
+    dict(pos="none", attn_fn="hardmax", mlp_act="swiglu"),
+])
+def test_ensemble_equals_separate_models_through_adamw(variant):
+    cfg = replace(CFG, **variant)
+    seeds = [3, 5, 7]
+    ens = Ensemble(cfg, seeds=seeds)
+    singles = []
+    for s in seeds:
+        torch.manual_seed(s); singles.append(Transformer(cfg, nonlinearities=ens.nonlinearities))
+    for m, t in enumerate(singles):
+        for n, p in t.weight_named_parameters(): assert torch.equal(ens.weight(n)[m], p), n
+    opt_e = torch.optim.AdamW(ens.param_groups(0.1), lr=3e-3)
+    opt_s = [torch.optim.AdamW(t.param_groups(0.1), lr=3e-3) for t in singles]
+    g = torch.Generator().manual_seed(0)
+    for step in range(5):
+        x = torch.randint(0, cfg.vocab_size, (3, 4, 10), generator=g)
+        pm = torch.zeros(3, 4, 9, dtype=torch.bool); pm[:, 0, :2] = True
+        ens.zero_grad(); [t.zero_grad() for t in singles]
+        le = per_model_loss(ens(x[..., :-1], padding_mask=pm), x[..., 1:])
+        le.sum().backward()
+        for m, t in enumerate(singles):
+            ls = F.cross_entropy(t(x[m, :, :-1], padding_mask=pm[m]).reshape(-1, cfg.vocab_size), x[m, :, 1:].reshape(-1))
+            assert abs(ls.item() - le[m].item()) < 1e-5, (step, m)
+            ls.backward()
+            for n, p in t.weight_named_parameters():
+                assert (ens.weight(n).grad[m] - p.grad).abs().max() < 1e-5, (step, m, n)
+        opt_e.step(); [o.step() for o in opt_s]
+
+
+def test_ensemble_seeds_rule_and_rng_untouched():
+    torch.manual_seed(123); before = torch.rand(1)
+    torch.manual_seed(123); Ensemble(CFG, n_models=2); after = torch.rand(1)
+    assert torch.equal(before, after)
+    ens = Ensemble(CFG, n_models=2)
+    torch.manual_seed(1); t = Transformer(CFG)
+    for n, p in t.weight_named_parameters(): assert torch.equal(ens.weight(n)[1], p)
+    with pytest.raises(ValueError, match="one seed per model"):
+        Ensemble(CFG, n_models=3, seeds=[1, 2])
+
+
+def test_ensemble_detach_and_param_groups():
+    ens = Ensemble(CFG, n_models=2)
+    x = tokens(2, 8)
+    for detach, want_w, want_s in [("nonlinearities", True, False), ("weights", False, True)]:
+        ens.zero_grad(set_to_none=True)
+        ens(x, detach=detach).square().mean().backward()
+        assert any(p.grad is not None for p in ens.weight_parameters()) == want_w
+        assert any(p.grad is not None for p in ens.nonlinearities.parameters()) == want_s
+    decay, no_decay = ens.param_groups(0.1)
+    assert all(p.dim() >= 3 for p in decay["params"]) and all(p.dim() < 3 for p in no_decay["params"])
+    spl = {id(p) for p in ens.nonlinearities.parameters()}
+    assert not spl & {id(p) for g in (decay, no_decay) for p in g["params"]}
+
+
+def test_extract_and_from_models_roundtrip():
+    ens = Ensemble(CFG, n_models=3)
+    x = torch.randint(0, 11, (3, 2, 8))
+    with torch.no_grad():
+        out = ens(x)
+        for m in range(3):
+            t = ens.extract(m)
+            assert t.nonlinearities is ens.nonlinearities
+            assert torch.allclose(t(x[m]), out[m], atol=1e-5)
+        back = Ensemble.from_models([ens.extract(m) for m in range(3)])
+        assert torch.allclose(back(x), out, atol=1e-6)
+    other = Transformer(CFG)
+    with torch.no_grad(): other.nonlinearities.mlp[0].values.add_(1.0)
+    with pytest.raises(ValueError, match="different spline values"):
+        Ensemble.from_models([ens.extract(0), other])
