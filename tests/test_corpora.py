@@ -264,3 +264,17 @@ def test_evaluate_single_and_ensemble(sh_char):
     ens = sh_char.evaluate(uni, "val", n=64, n_models=3, batch_size=16)
     assert len(ens) == 3 and all(math.isclose(e["loss"], res["loss"], rel_tol=1e-6) for e in ens)
     with pytest.raises(ValueError, match="expected"): sh_char.evaluate(Unigram(torch.zeros(V + 1)), "val", n=4)
+
+
+def test_evaluate_the_books_transformer_and_ensemble(sh_char):
+    from spline_transformers.model import TransformerConfig, Transformer
+    from spline_transformers.ensemble import Ensemble
+    cfg = TransformerConfig(vocab_size=sh_char.vocab_size, n_layers=1, d_model=32, n_heads=2, max_len=sh_char.max_len)
+    ens = Ensemble(cfg, n_models=2, seeds=[0, 1])
+    per_model = sh_char.evaluate(ens, "val", n=16, n_models=2)
+    for m in range(2):
+        single = sh_char.evaluate(ens.extract(m), "val", n=16)
+        assert math.isclose(per_model[m]["loss"], single["loss"], rel_tol=1e-4)
+        assert math.isclose(per_model[m]["token_acc"], single["token_acc"], abs_tol=1e-6)
+    assert abs(per_model[0]["loss"] - math.log(sh_char.vocab_size)) < 1.0  # untrained: near uniform
+    assert per_model[0]["loss"] != per_model[1]["loss"]
