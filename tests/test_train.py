@@ -1,0 +1,165 @@
+"""The trainer's guarantees: exact resumption from any checkpoint (also after a simulated kill), clear errors for corrupt
+or mismatched checkpoints, divergence handling, device errors, and CPU reproducibility."""
+import math, shutil
+
+import pandas as pd
+import pytest
+import torch
+
+from spline_transformers.model import Transformer, TransformerConfig
+from spline_transformers.tasks import get_task
+from spline_transformers.train import (CheckpointError, TrainConfig, TrainingDiverged, list_checkpoints, load_state,
+                                       resolve_device, train)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("add", seed=0, n_digits=2, ood_digits=(3, 3))
+
+
+def make_model(task, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=task.vocab_size, n_layers=1, d_model=32, n_heads=2, max_len=task.max_len, **kw)
+    return Transformer(cfg)
+
+
+def cfg_for(tmp, **kw):
+    base = dict(steps=12, batch_size=16, lr=3e-3, warmup=2, eval_every=4, eval_examples=64, device="cpu",
+                progress=False, checkpoint_dir=str(tmp) if tmp is not None else None, seed=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa: assert torch.equal(sa[k], sb[k]), f"{k} differs"
+
+
+class Kill(Exception): pass
+
+
+def kill_at(step):
+    def cb(rows):
+        if int(rows.step.iloc[0]) == step: raise Kill(step)
+    return cb
+
+
+@pytest.fixture(scope="module")
+def reference(task, tmp_path_factory):
+    "An uninterrupted run with checkpoints every 4 steps."
+    d = tmp_path_factory.mktemp("ref")
+    return train(make_model(task), task, cfg_for(d, checkpoint_every=4)), d
+
+
+def test_reproducible(task, reference):
+    ref, _ = reference
+    again = train(make_model(task), task, cfg_for(None))
+    same_weights(ref.model, again.model)
+    pd.testing.assert_frame_equal(ref.metrics, again.metrics)
+    assert set(ref.metrics.split) == {"test", "ood", "train"}
+    assert ref.metrics.step.max() == 12
+
+
+@pytest.mark.parametrize("start", [4, 8])
+def test_resume_from_middle_checkpoint_is_exact(task, reference, tmp_path, start):
+    ref, ref_dir = reference
+    names = [p.name for p in list_checkpoints(ref_dir)]
+    assert names == [f"step-{s:08d}.safetensors" for s in (0, 4, 8, 12)]
+    shutil.copy(ref_dir / f"step-{start:08d}.safetensors", tmp_path)
+    res = train(make_model(task, seed=99), task, cfg_for(tmp_path, checkpoint_every=4),   # different init: weights come from the file
+                resume=tmp_path / f"step-{start:08d}.safetensors")
+    assert (res.steps, res.steps_run) == (12, 12 - start)
+    same_weights(ref.model, res.model)
+    pd.testing.assert_frame_equal(ref.metrics, res.metrics)
+
+
+def test_killed_run_resumes_exactly(task, reference, tmp_path):
+    ref, _ = reference
+    cfg = cfg_for(tmp_path, checkpoint_every=4)
+    with pytest.raises(Kill):
+        train(make_model(task), task, cfg, callbacks=[kill_at(8)])
+    assert [p.name for p in list_checkpoints(tmp_path)][-1] == "step-00000008.safetensors"
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+    seen = []
+    res = train(make_model(task, seed=5), task, cfg, resume="latest", callbacks=[seen.append])
+    same_weights(ref.model, res.model)
+    pd.testing.assert_frame_equal(ref.metrics, res.metrics)
+    assert [int(r.step.iloc[0]) for r in seen] == [12]   # callbacks see only the new evaluations
+
+
+def test_resume_latest_without_checkpoint_starts_fresh(task, reference, tmp_path):
+    ref, _ = reference
+    res = train(make_model(task), task, cfg_for(tmp_path / "empty"), resume="latest")
+    same_weights(ref.model, res.model)
+
+
+def test_corrupt_checkpoints_are_clear_errors(task, reference, tmp_path):
+    _, ref_dir = reference
+    src = ref_dir / "step-00000004.safetensors"
+    data = src.read_bytes()
+    bad = tmp_path / "truncated.safetensors"; bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated|corrupt"): load_state(bad)
+    with pytest.raises(CheckpointError, match="truncated|corrupt"):
+        train(make_model(task), task, cfg_for(tmp_path), resume=bad)
+    flipped = bytearray(data); flipped[len(data) - 100] ^= 0x5A
+    bad2 = tmp_path / "flipped.safetensors"; bad2.write_bytes(bytes(flipped))
+    with pytest.raises(CheckpointError, match="checksum"): load_state(bad2)
+    header = bytearray(data); header[20] ^= 0x5A
+    bad3 = tmp_path / "header.safetensors"; bad3.write_bytes(bytes(header))
+    with pytest.raises(CheckpointError): load_state(bad3)
+    with pytest.raises(CheckpointError, match="no checkpoint"): load_state(tmp_path / "missing.safetensors")
+    other = tmp_path / "not_ours.safetensors"
+    from safetensors.torch import save_file
+    save_file({"a": torch.zeros(2)}, str(other))
+    with pytest.raises(CheckpointError, match="not a spline_transformers checkpoint"): load_state(other)
+
+
+def test_mismatched_checkpoints_are_clear_errors(task, reference):
+    _, ref_dir = reference
+    ck = ref_dir / "step-00000004.safetensors"
+    with pytest.raises(CheckpointError, match="model.d_model"):
+        torch.manual_seed(0)
+        big = Transformer(TransformerConfig(vocab_size=task.vocab_size, n_layers=1, d_model=64, n_heads=2, max_len=task.max_len))
+        train(big, task, cfg_for(None), resume=ck)
+    with pytest.raises(CheckpointError, match="train.lr"):
+        train(make_model(task), task, cfg_for(None, lr=1e-2), resume=ck)
+    # run-only settings may change on resumption
+    res = train(make_model(task), task, cfg_for(None, progress=False, checkpoint_every=2), resume=ck)
+    assert res.steps_run == 8
+
+
+class NaNAfter(Transformer):
+    "A model whose training forward returns NaN logits from the `n`-th call on."
+    def __init__(self, cfg, n):
+        super().__init__(cfg); self.calls, self.n = 0, n
+    def forward(self, tokens, *a, **kw):
+        out = super().forward(tokens, *a, **kw)
+        if self.training:
+            self.calls += 1
+            if self.calls >= self.n: out = out * float("nan")
+        return out
+
+
+def test_divergence_stops_and_keeps_last_good_checkpoint(task, tmp_path):
+    torch.manual_seed(0)
+    m = NaNAfter(make_model(task).cfg, n=7)     # steps 0..5 are fine, step 6 diverges
+    with pytest.raises(TrainingDiverged, match="diverged at step 6") as e:
+        train(m, task, cfg_for(tmp_path, checkpoint_every=4))
+    assert e.value.step == 6
+    assert e.value.checkpoint.name == "step-00000004.safetensors"
+    assert [p.name for p in list_checkpoints(tmp_path)][-1] == "step-00000004.safetensors"
+    load_state(e.value.checkpoint)   # still valid
+
+
+def test_device_errors():
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="use device='cpu'"): resolve_device("cuda")
+        with pytest.raises(RuntimeError, match="use device='cpu'"): resolve_device("cuda:1")
+    with pytest.raises(ValueError, match="not a device name"): resolve_device("gpu0")
+
+
+def test_unknown_options_are_listed():
+    with pytest.raises(ValueError, match="'cosine', 'trapezoid', 'constant'"): TrainConfig(schedule="step")
