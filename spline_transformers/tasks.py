@@ -6,23 +6,23 @@ Docs: https://spline-transformers.github.io/spline_transformers/tasks.html.md"""
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'SPECIALS', 'REGIONS', 'TASKS', 'Batch', 'Problems', 'concat_ragged', 'problem_hash', 'region_of',
-           'Task', 'AddTask', 'ManoTask', 'CopyTask', 'dyck_balanced', 'ParenthesesTask', 'NeedleTask', 'ModAddTask',
-           'get_task', 'Oracle']
+           'Task', 'AddTask', 'ManoTask', 'CopyTask', 'bracket_pairs', 'dyck_balanced', 'ParenthesesTask', 'NeedleTask',
+           'ModAddTask', 'get_task', 'Oracle']
 
-# %% ../nbs/05_tasks.ipynb #777ae023
+# %% ../nbs/05_tasks.ipynb #cd95f647
 import math
 import re
 import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# %% ../nbs/05_tasks.ipynb #00e9701b
+# %% ../nbs/05_tasks.ipynb #9e61624d
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-# %% ../nbs/05_tasks.ipynb #d83b881e
+# %% ../nbs/05_tasks.ipynb #694dbfda
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIALS = (PAD, BOS, EOS)
 REGIONS = ("test", "arch", "weights") # region codes 0, 1, 2 of the hash partition
@@ -33,7 +33,7 @@ class Batch(NamedTuple):
     y: torch.Tensor    # long: next-token targets, `tokens[:, 1:]`
     mask: torch.Tensor # bool: True where `y` is an answer token (counts for loss and metric); False on prompt and padding
 
-# %% ../nbs/05_tasks.ipynb #cfe73b38
+# %% ../nbs/05_tasks.ipynb #3db15daa
 @dataclass
 class Problems:
     "Problems as right-padded token rows; row i's answer (ending with `<eos>`) is `tokens[i, prompt_len[i]:seq_len[i]]`."
@@ -69,7 +69,7 @@ class Problems:
         mask = (pos >= torch.from_numpy(self.prompt_len)[:, None]) & (pos < torch.from_numpy(self.seq_len)[:, None])
         return Batch(tok[:, :-1].contiguous(), tok[:, 1:].contiguous(), mask)
 
-# %% ../nbs/05_tasks.ipynb #7709f3e6
+# %% ../nbs/05_tasks.ipynb #9f69f835
 def concat_ragged(
     n:int, # number of rows
     *segments, # each an int token id (one token per row) or a pair (ids (n, w), lengths (n,))
@@ -91,7 +91,7 @@ def concat_ragged(
         off = off + ln
     return out[:, :max(int(off.max()), 1) if n else 1], off
 
-# %% ../nbs/05_tasks.ipynb #e42148cd
+# %% ../nbs/05_tasks.ipynb #a56de8bc
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 def _mix64(h:np.ndarray)->np.ndarray:
@@ -105,13 +105,14 @@ def problem_hash(
     prompt_len:np.ndarray, # (n,) number of leading tokens that make up each row's prompt
     seed:int=0, # salt: different seeds partition differently
 )->np.ndarray:
-    "A uint64 hash of each row's prompt tokens, salted with `seed`."
+    "A uint64 hash of each row's prompt tokens, salted with `seed`: a wrapping sum of one mixed term per (position, token)."
     n = len(tokens)
-    h = _mix64(np.full(n, seed, dtype=np.uint64) ^ _GOLD)
-    for t in range(int(prompt_len.max()) if n else 0):
-        step = _mix64(h ^ ((tokens[:, t].astype(np.uint64) + np.uint64(1)) * _GOLD))
-        h = np.where(t < prompt_len, step, h)
-    return _mix64(h ^ prompt_len.astype(np.uint64))
+    W = int(prompt_len.max()) if n else 0
+    salt = _mix64(np.array([seed], dtype=np.uint64) ^ _GOLD)
+    pos_key = _mix64(np.arange(W, dtype=np.uint64) + salt)                  # a random-looking key per position
+    terms = _mix64(((tokens[:, :W].astype(np.uint64) + np.uint64(1)) * _GOLD) ^ pos_key[None])
+    terms = np.where(np.arange(W)[None] < prompt_len[:, None], terms, np.uint64(0))
+    return _mix64(terms.sum(1, dtype=np.uint64) ^ (prompt_len.astype(np.uint64) * _M1))
 
 def region_of(
     h:np.ndarray, # uint64 hashes from `problem_hash`
@@ -122,7 +123,7 @@ def region_of(
     u = (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
     return np.where(u < test_frac, 0, np.where(u < test_frac + (1 - test_frac) * arch_frac, 1, 2))
 
-# %% ../nbs/05_tasks.ipynb #6c2914f2
+# %% ../nbs/05_tasks.ipynb #27d70295
 def _check_int(name, v, lo=None, hi=None):
     "Raise ValueError unless `v` is an int in [lo, hi]."
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -146,7 +147,7 @@ def _check_frac(name, v, lo=0.0, hi=1.0):
         raise ValueError(f"{name} must be a number strictly between {lo} and {hi}, got {v!r}")
     return float(v)
 
-# %% ../nbs/05_tasks.ipynb #6bb2781a
+# %% ../nbs/05_tasks.ipynb #e871b725
 _SPLIT_IDS = {"weights": 1, "arch": 2, "train": 3, "test": 4, "ood": 5}
 _ALLOWED_REGIONS = {"weights": (2,), "arch": (1,), "train": (1, 2), "test": (0,), "ood": None}
 
@@ -165,6 +166,7 @@ class Task:
     answer_offset = 1
     size_key = None        # the `meta` column that measures problem size (digits, length...), for `evaluate_by`
     eval_size = 2000       # default size of `eval_set`
+    metric = "seq_acc"     # the task's headline metric: every answer token right (a key of `evaluate`'s result)
     _chunk = 4096          # candidates per chunk of the evaluation-set stream
 
     def __init__(self, seed:int=0, test_frac:float=0.1, arch_frac:float=0.2):
@@ -243,6 +245,10 @@ class Task:
         reg = region_of(problem_hash(P.tokens, P.prompt_len, self.seed), self.test_frac, self.arch_frac)
         return P.take(np.isin(reg, allowed))
 
+    def _draw(self, m, rng, split):
+        "Generate `m` candidates from `split`'s distribution and keep those in its region."
+        return self._filter(self._generate(m, rng, **self.dist[split]), _ALLOWED_REGIONS[split])
+
     def region(self, prompt) -> str:
         "The region ('test', 'arch' or 'weights') a prompt belongs to; `prompt` is a string or a list of token ids."
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -253,27 +259,30 @@ class Task:
         "`n` random problems of `split` drawn with the numpy generator `rng`."
         self._check_split(split)
         allowed = _ALLOWED_REGIONS[split]
-        parts, have, rate = [], 0, self._accept_rate(allowed)
-        for _ in range(10_000):
-            if have >= n: break
-            m = int(math.ceil((n - have) / rate * 1.1)) + 16
-            P = self._filter(self._generate(m, rng, **self.dist[split]), allowed)
-            parts.append(P); have += len(P)
-        else: raise RuntimeError(f"{self.name}: could not draw {n} problems for split {split!r}; is the split empty? "
-                                 f"Increase the problem sizes or test_frac/arch_frac.")
+        parts, have, tried, rate = [], 0, 0, self._accept_rate(allowed)
+        while have < n:
+            m = min(int(math.ceil((n - have) / rate * 1.1)) + 16, 1 << 16)
+            P = self._draw(m, rng, split)
+            parts.append(P); have += len(P); tried += m
+            self._check_not_empty(split, have, tried, n)
         return Problems.cat(parts).take(slice(0, n))
+
+    def _check_not_empty(self, split, have, tried, n):
+        "Fail clearly when a split's region holds (almost) no problems: tiny problem spaces can leave it empty."
+        if (have == 0 and tried >= 50_000) or tried > 200 * (n / self._accept_rate(_ALLOWED_REGIONS[split])) + 1_000_000:
+            raise RuntimeError(f"{self.name}: split {split!r} is empty or nearly so ({have} of {tried} drawn problems fell in it); "
+                               f"the problem space is too small for the hash partition: increase the problem sizes, or test_frac/arch_frac")
 
     def batch(
         self,
         split:str, # "weights", "arch", "train", "test" or "ood"
         batch_size:int, # number of sequences
-        generator:torch.Generator=None, # source of randomness (a fresh unseeded one when None)
+        generator:torch.Generator=None, # source of randomness (torch's global generator when None)
         pad_to:int=None, # pad x, y, mask to this many columns (default: the longest sequence in the batch)
     ) -> Batch:
         "A random batch of `split`, right-padded with `pad_id` (mask False there)."
         _check_int("batch_size", batch_size, 1)
-        g = generator if generator is not None else torch.Generator().manual_seed(int(torch.seed() % 2**62))
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=g)))
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))   # None: torch's global RNG
         return self.sample(split, batch_size, rng).to_batch(pad_to)
 
     def eval_problems(self, split:str, n:int=None) -> Problems:
@@ -284,12 +293,11 @@ class Task:
         if P is None or len(P) < n:
             parts, have, k = ([P], len(P), self._cache.get((split, "k"), 0)) if P is not None else ([], 0, 0)
             allowed = _ALLOWED_REGIONS[split]
-            for _ in range(10_000):
-                if have >= n: break
+            while have < n:
                 rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], k]); k += 1
-                Q = self._filter(self._generate(self._chunk, rng, **self.dist[split]), allowed)
+                Q = self._draw(self._chunk, rng, split)
                 parts.append(Q); have += len(Q)
-            else: raise RuntimeError(f"{self.name}: could not draw {n} evaluation problems for split {split!r}")
+                self._check_not_empty(split, have, k * self._chunk, n)
             P = self._cache[split] = Problems.cat(parts); self._cache[(split, "k")] = k
         return P.take(slice(0, n))
 
@@ -403,7 +411,7 @@ class Task:
             correct[i] = gen == tokens[i, first[i]:first[i] + n_ans[i]].tolist()
         return answers, correct
 
-# %% ../nbs/05_tasks.ipynb #91d875dd
+# %% ../nbs/05_tasks.ipynb #80ea36e1
 def _ndigits(a:np.ndarray)->np.ndarray:
     "Number of decimal digits of non-negative int64 values (1 for 0)."
     p = 10 ** np.arange(1, 19, dtype=np.int64)
@@ -458,7 +466,7 @@ class AddTask(Task):
         if self.reverse_operands: a, b = a[::-1], b[::-1]
         return list(str(int(a) + int(b))[::-1]) + [EOS]
 
-# %% ../nbs/05_tasks.ipynb #75d2e557
+# %% ../nbs/05_tasks.ipynb #b308c024
 def _count_prefix_completions(L:int)->np.ndarray:
     "F[o, d]: number of ways to finish a prefix expression with o operators left and d open operand slots."
     Fc = np.zeros((L + 1, L + 3), dtype=np.float64)
@@ -545,7 +553,7 @@ class ManoTask(Task):
             return int(t), i + 1
         return [str(ev(0)[0]), EOS]
 
-# %% ../nbs/05_tasks.ipynb #576da499
+# %% ../nbs/05_tasks.ipynb #9a4a052b
 class CopyTask(Task):
     "Copy a random string: `<bos> s <sep> s <eos>`; train on short strings, test on longer ones."
     name, joiner, answer_marker, size_key = "copy", "", "<sep>", "length"
@@ -577,7 +585,7 @@ class CopyTask(Task):
 
     def solve(self, prompt): return prompt[1:prompt.index("<sep>")] + [EOS]
 
-# %% ../nbs/05_tasks.ipynb #46bf7fe0
+# %% ../nbs/05_tasks.ipynb #0df862d6
 def _dyck_completions(L:int)->np.ndarray:
     "D[r, d]: number of ways to close a bracket path of depth d in exactly r more steps without going below 0."
     D = np.zeros((L + 2, L + 3), dtype=np.float64); D[0, 0] = 1
@@ -586,24 +594,32 @@ def _dyck_completions(L:int)->np.ndarray:
             D[r, d] = D[r - 1, d + 1] + (D[r - 1, d - 1] if d >= 1 else 0)
     return D
 
+def bracket_pairs(
+    opening:np.ndarray, # bool (n, W): True for an opening bracket, False for a closing one
+    ln:np.ndarray, # (n,) string lengths (positions beyond are ignored)
+)->tuple:
+    "Match brackets without a stack: `(ok, row, open_pos, close_pos)`; `ok` says which rows' directions form a valid path."
+    n, W = opening.shape
+    valid = np.arange(W)[None] < ln[:, None]
+    depth = np.cumsum(np.where(valid, np.where(opening, 1, -1), 0), 1)         # depth after each position
+    ok = (depth.min(1, initial=0) >= 0) & (depth[:, -1] == 0 if W else True)
+    level = np.where(opening, depth, depth + 1)   # an opener rising to level k pairs with the next closer leaving level k
+    sel = valid & ok[:, None]
+    r, t = np.nonzero(sel)
+    order = np.argsort((r * (W + 2) + level[sel]) * W + t)   # by row, then level, then position: open, close, open...
+    r, t = r[order].reshape(-1, 2), t[order].reshape(-1, 2)
+    return ok, r[:, 0], t[:, 0], t[:, 1]
+
 def dyck_balanced(
-    s:np.ndarray, # int (n, W) codes: 0 '(', 1 '[', 2 ')', 3 ']' (other values beyond `ln` ignored)
+    s:np.ndarray, # int (n, W) codes: 0 '(', 1 '[', 2 ')', 3 ']' (values beyond `ln` ignored)
     ln:np.ndarray, # (n,) string lengths
 )->np.ndarray:
-    "Vectorised stack check: is each row a balanced Dyck-2 string?"
-    n, W = s.shape; rows = np.arange(n)
-    stack = np.zeros((n, W + 1), dtype=np.int64); depth = np.zeros(n, dtype=np.int64); ok = np.ones(n, dtype=bool)
-    for t in range(W):
-        act = (t < ln) & ok
-        c = s[:, t]; opening = c < 2
-        push = act & opening
-        stack[rows[push], depth[push]] = c[push]
-        close = act & ~opening
-        top = stack[rows, np.maximum(depth - 1, 0)]
-        ok &= ~(close & ((depth == 0) | (top != c - 2)))
-        depth = depth + push - (close & ok)
-    return ok & (depth == 0)
+    "Vectorised Dyck-2 check: is each row balanced (valid nesting, and every pair of the same type)?"
+    ok, r, to, tc = bracket_pairs(s < 2, ln)
+    ok = ok.copy(); ok[r[s[r, tc] != s[r, to] + 2]] = False
+    return ok
 
+# %% ../nbs/05_tasks.ipynb #3d5511e5
 class ParenthesesTask(Task):
     "Dyck-2 classification: `<bos> brackets = yes|no <eos>`."
     name, joiner, size_key = "parentheses", "", "length"
@@ -631,26 +647,39 @@ class ParenthesesTask(Task):
 
     def _balanced(self, n, rng, ln):
         "Uniform random balanced Dyck-2 strings of the given (even) lengths, as codes 0..3."
-        W = int(ln.max()); rows = np.arange(n)
-        s = np.zeros((n, W), dtype=np.int64); stack = np.zeros((n, W // 2 + 1), dtype=np.int64)
+        W = int(ln.max()); opening = np.zeros((n, W), dtype=bool)
         d = np.zeros(n, dtype=np.int64)
+        U = rng.random((W, n))
+        ratio = self._D[:-1, 1:] / np.maximum(self._D[1:, :-1], 1)   # ratio[r-1, d] = P(open | r steps left, depth d)
         for t in range(W):
-            act = t < ln
-            r = np.where(act, ln - t, 1)
-            p_open = self._D[r - 1, d + 1] / np.maximum(self._D[r, d], 1)
-            op = act & (rng.random(n) < p_open); cl = act & ~op
-            typ = rng.integers(0, 2, n)
-            stack[rows[op], d[op]] = typ[op]
-            closing_type = stack[rows, np.maximum(d - 1, 0)]
-            s[:, t] = np.where(op, typ, np.where(cl, closing_type + 2, 0))
-            d = d + op - cl
-        return s
+            op = U[t] < ratio[np.maximum(ln - t, 1) - 1, d]          # rows past their length never open
+            opening[:, t] = op
+            d = np.maximum(d + 2 * op - 1, 0)                         # (the clamp only touches finished rows)
+        s = np.where(opening, rng.integers(0, 2, (n, W)), 0)           # each opener's type, uniformly
+        _, r, to, tc = bracket_pairs(opening, ln)
+        s[r, tc] = s[r, to] + 2                                       # each closer matches its opener
+        return np.where(np.arange(W)[None] < ln[:, None], s, 0)
 
-    def _generate(self, n, rng, lengths):
+    def _draw(self, m, rng, split):
+        "Candidates of each class filtered separately, then equally many of each class at every length, shuffled."
+        allowed = _ALLOWED_REGIONS[split]
+        m = max(m, 64)
+        pos, neg = (self._filter(self._generate(m, rng, label=lab, **self.dist[split]), allowed) for lab in (True, False))
+        lo, hi = self.dist[split]["lengths"]
+        lengths = 2 * np.arange((lo + 1) // 2, hi // 2 + 1)
+        quota = int(math.ceil(m * self._accept_rate(allowed) / len(lengths)))   # per class and length: keeps lengths uniform
+        keep_p, keep_n = [], []
+        for L in lengths:
+            ip, i_n = np.flatnonzero(pos.meta["length"] == L), np.flatnonzero(neg.meta["length"] == L)
+            k = min(len(ip), len(i_n), quota); keep_p.append(ip[:k]); keep_n.append(i_n[:k])
+        P = Problems.cat([pos.take(np.concatenate(keep_p)), neg.take(np.concatenate(keep_n))])
+        return P.take(rng.permutation(len(P)))
+
+    def _generate(self, n, rng, lengths, label=None):
         lo, hi = (lengths[0] + 1) // 2, lengths[1] // 2
         ln = 2 * rng.integers(lo, hi + 1, n)
         s = self._balanced(n, rng, ln)
-        neg = rng.random(n) < 0.5
+        neg = rng.random(n) < 0.5 if label is None else np.full(n, not label)
         rows = np.arange(n)
         orig = s.copy()
         # swap two random positions (a no-op if the characters are equal; fixed below)
@@ -677,7 +706,7 @@ class ParenthesesTask(Task):
             elif not stack or stack.pop() != "([)]"[self.CHARS.index(c) - 2]: return ["no", EOS]
         return ["no" if stack else "yes", EOS]
 
-# %% ../nbs/05_tasks.ipynb #73eab149
+# %% ../nbs/05_tasks.ipynb #6b43d8e2
 class NeedleTask(Task):
     "Associative recall: key-value pairs, then a query key; answer its value."
     name, joiner, answer_marker, answer_offset, size_key = "needle", " ", "?", 2, "pairs"
@@ -718,7 +747,7 @@ class NeedleTask(Task):
         i = prompt.index("?")
         return [dict(zip(prompt[1:i:2], prompt[2:i:2]))[prompt[i + 1]], EOS]
 
-# %% ../nbs/05_tasks.ipynb #94e84e39
+# %% ../nbs/05_tasks.ipynb #620bd803
 class ModAddTask(Task):
     "(a + b) mod p on a fixed fraction of all pairs; test on all the others."
     name, joiner, size_key = "modadd", " ", None
@@ -769,7 +798,7 @@ class ModAddTask(Task):
 
     def solve(self, prompt): return [str((int(prompt[1]) + int(prompt[3])) % self.p), EOS]
 
-# %% ../nbs/05_tasks.ipynb #990b89c7
+# %% ../nbs/05_tasks.ipynb #b8098816
 _TASK_CLASSES = {c.name: c for c in (AddTask, ManoTask, CopyTask, ParenthesesTask, NeedleTask, ModAddTask)}
 TASKS = tuple(_TASK_CLASSES)
 
@@ -787,7 +816,7 @@ def get_task(
     if bad: raise TypeError(f"task {name!r} has no parameter(s) {bad}; valid parameters: {', '.join(valid)}")
     return cls(seed=seed, **params)
 
-# %% ../nbs/05_tasks.ipynb #66f2e455
+# %% ../nbs/05_tasks.ipynb #11e48a6b
 class Oracle(torch.nn.Module):
     "A causal stand-in model that predicts every answer token right (except on a deterministic `error_rate` fraction)."
     def __init__(self, task:Task, error_rate:float=0.0, confidence:float=10.0):
