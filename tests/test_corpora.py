@@ -288,3 +288,20 @@ def test_evaluate_the_books_transformer_and_ensemble(sh_char):
         assert math.isclose(per_model[m]["token_acc"], single["token_acc"], abs_tol=1e-6)
     assert abs(per_model[0]["loss"] - math.log(sh_char.vocab_size)) < 1.0  # untrained: near uniform
     assert per_model[0]["loss"] != per_model[1]["loss"]
+
+
+from hypothesis import given, settings, strategies as st, HealthCheck
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_bpe_round_trip_any_text(sh_bpe, text):
+    assert sh_bpe.decode(sh_bpe.encode(text)) == text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_char_round_trip_over_its_alphabet(sh_char, data):
+    text = data.draw(st.text(alphabet=st.sampled_from(sh_char.tokenizer.chars), max_size=300))
+    ids = sh_char.encode(text)
+    assert sh_char.decode(ids) == text and len(ids) == len(text) and all(0 <= i < sh_char.eot for i in ids)
