@@ -211,6 +211,11 @@ def test_prepare_reuses_and_detects_mismatch(tmp_path):
     prepare("shakespeare", out, seed=1, overwrite=True, **kw)
     assert json.loads((out / "meta.json").read_text())["key"]["seed"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    (tmp_path / "empty").mkdir()  # an empty folder is used; a folder of other files is never deleted
+    assert prepare("shakespeare", tmp_path / "empty", **kw) == tmp_path / "empty"
+    (tmp_path / "mine").mkdir(); (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a prepared corpus folder"): prepare("shakespeare", tmp_path / "mine", overwrite=True, **kw)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
 def test_default_folder_env_var_and_truncated_files(tmp_path, monkeypatch):
