@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spline_transformers.attention import ATTN_FNS, POSITIONS, attend, attention_mask, alibi_bias, attention_weights
+from spline_transformers.attention import (ATTN_FNS, POSITIONS, attend, attention_mask, alibi_bias, attention_weights,
+                                           set_attention_kernel, attention_kernel)
 from spline_transformers.splines import LinearSpline
 from spline_transformers.model import (TransformerConfig, Transformer, Nonlinearities, MLP_ACTS, SHARINGS,
                                        future_leak)
@@ -23,8 +24,38 @@ def tokens(B=2, T=9, seed=0, vocab=11):
 
 
 # ---------------------------------------------------------------- attention
+@pytest.fixture(params=["auto", "torch"])
+def kernel(request):
+    "Run a test with the fused C++ weights kernel (where it builds) and with the plain PyTorch path."
+    set_attention_kernel(request.param)
+    yield request.param
+    set_attention_kernel("auto")
+
+
+@pytest.mark.parametrize("extrapolate", ["constant", "linear"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_fused_and_torch_paths_agree(extrapolate, padded):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 4, dtype=torch.float64) * 1.5 for _ in range(3))
+    s = LinearSpline(n_knots=12, x_min=-2.0, x_max=2.0, init=lambda a: torch.cos(2 * a) + 1.5, extrapolate=extrapolate)
+    pm = torch.zeros(2, 9, dtype=torch.bool)
+    if padded: pm[1, :3] = True
+    mask = attention_mask(9, causal=False, padding_mask=pm)
+    res = []
+    for kern in ("auto", "torch"):
+        set_attention_kernel(kern)
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v)); s.zero_grad()
+        out = attend(qq, kk, vv, "spline", phi=s, mask=mask, bias=alibi_bias(3, 9, dtype=torch.float64))
+        out.square().sum().backward()
+        res.append([out, qq.grad, kk.grad, vv.grad, s.values.grad.clone()])
+    set_attention_kernel("auto")
+    for a, b in zip(*res):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert attention_kernel().startswith(("cpp", "torch"))
+
+
 @pytest.mark.parametrize("alibi,padded", list(itertools.product([False, True], [False, True])))
-def test_exp_spline_kernel_reproduces_softmax(alibi, padded):
+def test_exp_spline_kernel_reproduces_softmax(alibi, padded, kernel):
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
     s = LinearSpline(n_knots=2001, x_min=-12.0, x_max=12.0, init="exp")
@@ -41,7 +72,7 @@ def test_exp_spline_kernel_reproduces_softmax(alibi, padded):
     assert (A - A_ref).abs().max() < h ** 2
 
 
-def test_spline_kernel_masked_entries_contribute_nothing():
+def test_spline_kernel_masked_entries_contribute_nothing(kernel):
     # a kernel with a large boundary value: masked (future) keys would dominate if they were not zeroed
     s = LinearSpline(n_knots=5, x_min=-1.0, x_max=1.0, init=lambda a: 100.0 - 99 * (a + 1) / 2)
     torch.manual_seed(0)
@@ -69,7 +100,7 @@ def test_hardmax_ties_are_uniform():
     assert torch.allclose(out[0, 0, :, 0], torch.tensor([1.0, 1.0, 1.0]))
 
 
-def test_rows_without_keys_give_zero_not_nan():
+def test_rows_without_keys_give_zero_not_nan(kernel):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
     pm = torch.tensor([[True, True, False, False, False]])
@@ -84,7 +115,7 @@ def test_rows_without_keys_give_zero_not_nan():
 
 # ---------------------------------------------------------------- model
 @pytest.mark.parametrize("attn_fn,pos", list(itertools.product(ATTN_FNS, POSITIONS)))
-def test_no_future_leak(attn_fn, pos):
+def test_no_future_leak(attn_fn, pos, kernel):
     torch.manual_seed(0)
     model = Transformer(replace(CFG, attn_fn=attn_fn, pos=pos, attn_init=1.0, mlp_init="gelu"))
     for p in (1, 4, 8):
@@ -92,7 +123,7 @@ def test_no_future_leak(attn_fn, pos):
 
 
 @pytest.mark.parametrize("attn_fn,pos", list(itertools.product(ATTN_FNS, POSITIONS)))
-def test_padding_keys_are_ignored(attn_fn, pos):
+def test_padding_keys_are_ignored(attn_fn, pos, kernel):
     "Changing a padding token changes no output at a non-padding position."
     torch.manual_seed(0)
     model = Transformer(replace(CFG, attn_fn=attn_fn, pos=pos, attn_init=1.0))
@@ -261,7 +292,7 @@ def test_bf16_autocast_on_cpu():
     dict(pos="sinusoidal", attn_fn="softmax", mlp_act="gelu", norm="layernorm", bias=False),
     dict(pos="none", attn_fn="hardmax", mlp_act="swiglu"),
 ])
-def test_ensemble_equals_separate_models_through_adamw(variant):
+def test_ensemble_equals_separate_models_through_adamw(variant, kernel):
     cfg = replace(CFG, **variant)
     seeds = [3, 5, 7]
     ens = Ensemble(cfg, seeds=seeds)
