@@ -221,6 +221,17 @@ def test_parentheses_classes_balanced_and_lengths_match():
     assert set(info.kind) == {"balanced", "swap", "retype"}
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_parentheses_length_tells_nothing(seed):
+    "In every split, at every length, half the strings are balanced (the tiny short-length spaces cannot skew it)."
+    task = get_task("parentheses", seed=seed)
+    for split in task.splits + ("train",):
+        info = task.eval_info(split, 8000)
+        per_length = info.groupby("length").balanced.agg(["mean", "size"])
+        assert (per_length["mean"] - 0.5).abs().max() < 0.06, (split, per_length)
+        assert per_length.index.min() <= (6 if split != "ood" else 22)    # at most the tiniest lengths go missing
+
+
 def test_parentheses_balanced_strings_are_uniform():
     "All 8 balanced Dyck-2 words of length 4 appear about equally often."
     task = get_task("parentheses", seed=0, lengths=(4, 4), ood_lengths=None)
