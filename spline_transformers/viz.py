@@ -7,17 +7,17 @@ Docs: https://spline-transformers.github.io/spline_transformers/viz.html.md"""
 # %% auto #0
 __all__ = ['BookRenderer', 'setup_plotly', 'seed_band_figure', 'matrix_heatmap']
 
-# %% ../nbs/00_viz.ipynb #556d0b36
+# %% ../nbs/00_viz.ipynb #c53da101
 import json
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
-# %% ../nbs/00_viz.ipynb #8e698e5a
+# %% ../nbs/00_viz.ipynb #4b91db3f
 import numpy as np
 import pandas as pd
 
-# %% ../nbs/00_viz.ipynb #5dcc0de8
+# %% ../nbs/00_viz.ipynb #47171ea3
 class BookRenderer(MimetypeRenderer):
     "Render a figure as plotly JSON (for JupyterLab) and an HTML div that needs a page-level `plotly.js`."
     def __init__(self, config=None): self.config = dict(config or {})
@@ -28,7 +28,7 @@ class BookRenderer(MimetypeRenderer):
         return {"application/vnd.plotly.v1+json": {"data": fig["data"], "layout": fig.get("layout", {}), "config": self.config},
                 "text/html": html}
 
-# %% ../nbs/00_viz.ipynb #a08fef2d
+# %% ../nbs/00_viz.ipynb #91dcec06
 def setup_plotly(
     template:str="plotly_white", # plotly template applied to every figure
 ):
@@ -38,7 +38,7 @@ def setup_plotly(
     pio.templates.default = template
     return pio.renderers.default
 
-# %% ../nbs/00_viz.ipynb #920dd6d0
+# %% ../nbs/00_viz.ipynb #d59ce08a
 def seed_band_figure(
     df:pd.DataFrame, # tidy metrics: columns `x`, `y`, `group`, `seed` name them
     x:str="step", # column on the horizontal axis
@@ -65,7 +65,7 @@ def seed_band_figure(
                       margin=dict(l=50, r=20, t=50 if title else 20, b=40))
     return fig
 
-# %% ../nbs/00_viz.ipynb #b7e6ce4e
+# %% ../nbs/00_viz.ipynb #bd7917ff
 def matrix_heatmap(
     m, # 2-D array or DataFrame (its index and columns become the axis labels)
     title:str=None, # figure title

@@ -6,7 +6,7 @@ Usage:
   python tools/nbtool.py clear NB ...              # drop outputs and widget state
   python tools/nbtool.py check [NB ...]            # no outputs, no widget state, kernelspec, < 1 MB
 """
-import json, sys
+import hashlib, json, sys
 from pathlib import Path
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -30,6 +30,8 @@ def from_py(src, dst):
             kind, buf = ("markdown" if "[markdown]" in line or "[md]" in line else "code"), []
         else: buf.append(line)
     if kind is not None and any(l.strip() for l in buf): cells.append(_cell(kind, buf))
+    for i, c in enumerate(cells):   # stable ids, so that nbdev-export and nbdev-clean agree from the start
+        c["id"] = hashlib.sha1(f"{i}:{c['source']}".encode()).hexdigest()[:8]
     nb = {"cells": cells, "metadata": {"kernelspec": KERNELSPEC}, "nbformat": 4, "nbformat_minor": 5}
     Path(dst).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
