@@ -337,3 +337,26 @@ def test_property_random_grids(K, x_min, width, seed, extrapolate, name):
         y = spline_eval(x, v, x_min, x_max, extrapolate).numpy()
         np.testing.assert_allclose(y, np_spline(x.numpy(), v.numpy(), x_min, x_max, extrapolate), rtol=1e-9, atol=1e-9)
     finally: set_spline_backend("auto")
+
+
+@pytest.mark.parametrize("K", [2, 3, 16, 17, 32, 33, 64, 65, 128, 129, 200])
+def test_float32_every_table_size(backend, K):
+    "float32 paths per K (in-register lookups for K <= 32/64/128, memory tables above), odd lengths, both rules."
+    g = torch.Generator().manual_seed(K)
+    v = torch.randn(K, generator=g)
+    x = torch.rand(1001, generator=g) * 14 - 7
+    x[::97] = float("nan")
+    for ext in ("constant", "linear"):
+        vv = v.clone().requires_grad_(); xx = x.clone().requires_grad_()
+        y = spline_eval(xx, vv, -5, 5, ext)
+        ref = np_spline(x.double().numpy(), v.double().numpy(), -5, 5, ext)
+        np.testing.assert_allclose(y.detach().double().numpy(), ref, rtol=1e-4, atol=1e-4)
+        gy = torch.randn(1001, generator=g)
+        (y * gy).sum().backward()
+        set_spline_backend("torch")
+        vr = v.clone().requires_grad_(); xr = x.clone().requires_grad_()
+        (spline_eval(xr, vr, -5, 5, ext) * gy).sum().backward()
+        set_spline_backend(backend)
+        ok = ~torch.isnan(x)
+        torch.testing.assert_close(xx.grad[ok], xr.grad[ok], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(vv.grad, vr.grad, rtol=1e-4, atol=1e-4, equal_nan=True)
