@@ -163,3 +163,17 @@ def test_device_errors():
 
 def test_unknown_options_are_listed():
     with pytest.raises(ValueError, match="'cosine', 'trapezoid', 'constant'"): TrainConfig(schedule="step")
+
+
+def test_ensemble_training_equals_separate_runs(task):
+    "An Ensemble of seeds [0, 1] trains like two single models (per-model clipping, per-model data streams)."
+    from spline_transformers.ensemble import Ensemble
+    cfg = cfg_for(None, steps=6, eval_every=3, grad_clip=0.05)
+    ens = train(Ensemble(make_model(task).cfg, seeds=[0, 1]), task, cfg)
+    for i, s in enumerate([0, 1]):
+        single = train(make_model(task, seed=s), task, cfg, seeds=[s])
+        for (k, a), b in zip(single.model.state_dict().items(), ens.model.extract(i).state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=k)
+        a = single.metrics.drop(columns="seed").reset_index(drop=True)
+        b = ens.metrics[ens.metrics.seed == s].drop(columns="seed").reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b, atol=1e-5, check_exact=False)

@@ -1,0 +1,133 @@
+"""Phase I's gradient routing (checked against a hand-written step), the grad hook, staggered starts, exact resumption,
+saving/loading results, Phase II freezing, and the transfer-matrix cells."""
+import math, shutil
+
+import pandas as pd
+import pytest
+import torch
+
+from spline_transformers.ensemble import Ensemble
+from spline_transformers.model import Nonlinearities, TransformerConfig
+from spline_transformers.tasks import get_task
+from spline_transformers.train import (CheckpointError, TrainConfig, data_generator, derive_seed, list_checkpoints,
+                                       masked_cross_entropy, stack_batches)
+from spline_transformers.two_phase import (Phase1Config, arch_for, assemble_transfer, baseline, compare, load_phase1,
+                                           phase1, phase2, run_cell, standard_arch, transfer_cells)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("add", seed=0, n_digits=2, ood_digits=(3, 3))
+
+
+ARCH = TransformerConfig(vocab_size=1, max_len=8, n_layers=1, d_model=16, n_heads=2, mlp_act="spline", attn_fn="spline",
+                         n_knots=16, spline_range=4.0)
+
+
+def tcfg(**kw):
+    base = dict(steps=4, batch_size=8, lr=3e-3, warmup=0, schedule="constant", eval_every=2, eval_examples=32,
+                device="cpu", progress=False, grad_clip=None, seed=5)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_phase1_step_matches_hand_written_routing(task):
+    "One Phase I step equals: weights step on their own loss with splines detached, spline step on the arch loss only."
+    cfg, p1 = tcfg(steps=1, eval_every=1), Phase1Config(n_models=2, seeds=(3, 4), spline_lr=0.05)
+    res = phase1(task, ARCH, cfg, p1)
+    arch = arch_for(task, ARCH)
+    ens = Ensemble(arch, seeds=[3, 4])
+    nl = list(ens.nonlinearities.parameters())
+    opt_w = torch.optim.AdamW(ens.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    opt_s = torch.optim.Adam(nl, lr=p1.spline_lr, betas=p1.spline_betas, eps=cfg.eps)
+    x, y, m = stack_batches(task, "weights", cfg.batch_size, [data_generator(cfg.seed, s, "weights") for s in (3, 4)])
+    lw = masked_cross_entropy(ens(x), y, m).sum()
+    gw = torch.autograd.grad(lw, ens.weight_parameters())
+    b = task.batch("arch", cfg.batch_size, torch.Generator().manual_seed(derive_seed("arch", cfg.seed)))
+    la = masked_cross_entropy(ens(b.x), b.y, b.mask).sum()
+    gs = torch.autograd.grad(la, nl)
+    for p, g in zip(ens.weight_parameters(), gw): p.grad = g
+    for p, g in zip(nl, gs): p.grad = g
+    opt_w.step(); opt_s.step()
+    got = res.ensemble
+    for a, b_ in zip(ens.weight_parameters(), got.weight_parameters()): torch.testing.assert_close(a, b_, rtol=0, atol=1e-6)
+    for a, b_ in zip(nl, res.nonlinearities.parameters()): torch.testing.assert_close(a, b_, rtol=0, atol=1e-6)
+    assert any((a.detach() - b_).abs().max() > 1e-3 for a, b_ in zip(nl, Nonlinearities.from_config(arch).parameters()))
+
+
+def test_grad_hook_sees_and_controls_spline_gradients(task):
+    calls = []
+    def zero(params):
+        calls.append(len(params))
+        for p in params: p.grad.zero_()
+    res = phase1(task, ARCH, tcfg(), Phase1Config(n_models=2), grad_hook=zero)
+    assert calls == [2] * 4          # one MLP and one attention spline, every step
+    fresh = Nonlinearities.from_config(arch_for(task, ARCH))
+    for a, b in zip(res.nonlinearities.parameters(), fresh.parameters()): assert torch.equal(a, b)   # Adam with zero gradient: no move
+
+
+def test_staggered_models_keep_their_init_until_they_start(task):
+    from spline_transformers.two_phase import _staggered_starts
+    starts = _staggered_starts(8, 4)
+    assert starts[0] == 0 and starts[6] == 3 and starts[7] == 4      # model 7 would start after the last step
+    res = phase1(task, ARCH, tcfg(steps=4), Phase1Config(n_models=8, staggered=True, arch_loss="train"))
+    init = Ensemble(arch_for(task, ARCH), seeds=list(range(8)))
+    w, w0 = res.ensemble.weight("blocks.0.mlp.fc.weight"), init.weight("blocks.0.mlp.fc.weight")
+    assert not torch.equal(w[0], w0[0]) and not torch.equal(w[6], w0[6])
+    assert torch.equal(w[7], w0[7])
+
+
+def test_phase1_resume_is_exact_and_results_round_trip(task, tmp_path):
+    p1 = Phase1Config(n_models=2, spline_lr=0.05)
+    full = phase1(task, ARCH, tcfg(steps=6, checkpoint_dir=str(tmp_path / "a")), p1)
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / "step-00000002.safetensors", tmp_path / "b")
+    again = phase1(task, ARCH, tcfg(steps=6, checkpoint_dir=str(tmp_path / "b")), p1, resume="latest")
+    for a, b in zip(full.nonlinearities.parameters(), again.nonlinearities.parameters()): assert torch.equal(a, b)
+    for a, b in zip(full.ensemble.weight_parameters(), again.ensemble.weight_parameters()): assert torch.equal(a, b)
+    pd.testing.assert_frame_equal(full.metrics, again.metrics)
+    assert (full.best_step, again.best_step) == (again.best_step, full.best_step)
+    with pytest.raises(CheckpointError, match="phase1"):
+        phase1(task, ARCH, tcfg(steps=6), Phase1Config(n_models=2, spline_lr=0.1), resume=tmp_path / "a" / "step-00000002.safetensors")
+
+    out = full.save(tmp_path / "saved")
+    back = load_phase1(out)
+    for a, b in zip(full.nonlinearities.parameters(), back.nonlinearities.parameters()): assert torch.equal(a, b)
+    for a, b in zip(full.best.parameters(), back.best.parameters()): assert torch.equal(a, b)
+    assert back.cost["steps"] == 6 and back.cost["n_models"] == 2 and back.cost["device"] == "cpu"
+    assert back.config["phase1"]["spline_lr"] == 0.05 and back.config["data"]["name"] == "add"
+    assert back.nonlinearities.frozen
+    f = out / "nonlinearities.safetensors"; f.write_bytes(f.read_bytes()[:30])
+    with pytest.raises(ValueError, match="corrupt"): load_phase1(out)
+
+
+def test_phase1_needs_splines_and_splits(task):
+    with pytest.raises(ValueError, match="mlp_act='spline'"): phase1(task, standard_arch(ARCH), tcfg())
+
+
+def test_phase2_freezes_and_baseline_is_standard(task):
+    src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2, spline_lr=0.05))
+    before = [p.clone() for p in src.nonlinearities.parameters()]
+    p2 = phase2(task, src, ARCH, tcfg(), seeds=[0, 1])
+    assert p2.model.nonlinearities.frozen
+    for a, b in zip(before, p2.model.nonlinearities.parameters()): assert torch.equal(a, b)
+    base = baseline(task, ARCH, tcfg(), seeds=[0, 1])
+    assert (base.model.cfg.mlp_act, base.model.cfg.attn_fn) == ("gelu", "softmax")
+    cmp = compare(pd.concat([base.metrics, p2.metrics]), threshold=0.0)
+    assert list(cmp.model) == ["standard", "learned"] and (cmp.reached == 2).all()
+    assert cmp.speedup.tolist() == [1.0, 1.0]    # both reach accuracy 0 at step 0
+
+
+def test_transfer_cells_are_independent_units(task):
+    src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    assert len(transfer_cells(["add"], ["add", "copy"], seeds=[0, 1, 2])) == 12
+    cells = transfer_cells(["add"], ["add", "copy"], seeds=[0])
+    assert len(cells) == 4 and cells[0].source == "standard"
+    targets = {"add": task, "copy": get_task("copy", seed=0, n_symbols=4, train_lengths=(2, 4), arch_lengths=(2, 5), test_lengths=(6, 7))}
+    cfg = tcfg(steps=2, eval_examples=16)
+    results = [run_cell(c, {"add": src}, targets, ARCH, cfg) for c in cells]
+    assert all(set(r.target) == {c.target} and set(r.seed) == {c.seed} for r, c in zip(results, cells))
+    tm = assemble_transfer(results[::-1], threshold=0.0)     # order does not matter
+    assert list(tm.speedup.index) == ["standard", "add"] and sorted(tm.speedup.columns) == ["add", "copy"]
+    assert tm.heatmap("final_id").data[0].z.shape == (2, 2)
