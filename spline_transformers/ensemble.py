@@ -7,7 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/ensemble.html.md
 # %% auto #0
 __all__ = ['batched_linear', 'batched_norm', 'batched_embedding', 'Ensemble', 'per_model_loss']
 
-# %% ../nbs/04_ensemble.ipynb #7fdcb7d2
+# %% ../nbs/04_ensemble.ipynb #65ed8752
 import math
 from typing import Optional, Sequence
 
@@ -16,12 +16,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 
-# %% ../nbs/04_ensemble.ipynb #af1fc93a
+# %% ../nbs/04_ensemble.ipynb #ec35ecf9
 from .attention import attend, attention_mask, alibi_bias, sinusoidal_positions, check_option
 from .model import (TransformerConfig, Transformer, Nonlinearities, check_nonlinearities,
                                        mlp_activation, DETACH)
 
-# %% ../nbs/04_ensemble.ipynb #09495e29
+# %% ../nbs/04_ensemble.ipynb #4710f815
 def batched_linear(
     x:torch.Tensor, # (M, ..., in)
     weight:torch.Tensor, # (M, out, in), as nn.Linear stores it, one per model
@@ -56,7 +56,7 @@ def batched_embedding(
     offsets = (torch.arange(M, device=tokens.device) * V).view(M, *([1] * (tokens.dim() - 1)))
     return F.embedding(tokens + offsets, table.reshape(M * V, d))
 
-# %% ../nbs/04_ensemble.ipynb #294dd16a
+# %% ../nbs/04_ensemble.ipynb #c40c9736
 def _key(name:str)->str: return name.replace(".", "__")  # parameter names cannot contain dots
 
 def _build(cfg:TransformerConfig, seed:int)->Transformer:
@@ -95,7 +95,7 @@ class Ensemble(nn.Module):
         try: return self.weights[_key(name)]
         except KeyError: raise KeyError(f"no weight {name!r}; the ensemble's weights are {self.names}") from None
 
-# %% ../nbs/04_ensemble.ipynb #83da3409
+# %% ../nbs/04_ensemble.ipynb #b9099b33
 @patch
 def _check_tokens(self:Ensemble, tokens):
     if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8) or tokens.dim() not in (2, 3):
@@ -148,7 +148,7 @@ def forward(self:Ensemble,
     x = self._norm(x, W, "norm_f")
     return batched_linear(x, W["tok_emb.weight" if cfg.tie_embeddings else "lm_head.weight"])
 
-# %% ../nbs/04_ensemble.ipynb #239e4d26
+# %% ../nbs/04_ensemble.ipynb #dd2de6d9
 @patch(cls_method=True)
 def from_models(cls:Ensemble,
                 models:Sequence[Transformer], # models with the same config
@@ -185,7 +185,7 @@ def extract(self:Ensemble,
         for n, p in t.weight_named_parameters(): p.copy_(self.weight(n)[m])
     return t
 
-# %% ../nbs/04_ensemble.ipynb #ce36ed19
+# %% ../nbs/04_ensemble.ipynb #1c2a12e8
 @patch
 def weight_named_parameters(self:Ensemble):
     "(Transformer name, batched (M, ...) parameter) for every weight."
@@ -224,7 +224,7 @@ def summary(self:Ensemble)->str:
 @patch
 def __repr__(self:Ensemble)->str: return self.summary()
 
-# %% ../nbs/04_ensemble.ipynb #954cdfb3
+# %% ../nbs/04_ensemble.ipynb #f97bf8cb
 def per_model_loss(
     logits:torch.Tensor, # (M, B, T, V)
     targets:torch.Tensor, # (M, B, T) or (B, T) token ids
