@@ -12,19 +12,19 @@ __all__ = ['TOL_TIE', 'TOL_EQ', 'TOL_DEDUP', 'TOL_VERIFY', 'STAGES', 'ATTENTIONS
            'tau_bound', 'build_interpolator', 'random_dataset', 'toy_dataset', 'load_dataset_file', 'save_dataset_file',
            'interpolate_file']
 
-# %% ../nbs/20_interpolation.ipynb #a7b9e46a
+# %% ../nbs/20_interpolation.ipynb #9920645b
 import json
 import math
 import time
 import warnings
 from pathlib import Path
 
-# %% ../nbs/20_interpolation.ipynb #8db2cb5f
+# %% ../nbs/20_interpolation.ipynb #5be0a2f6
 import numpy as np
 import torch
 from torch import nn
 
-# %% ../nbs/20_interpolation.ipynb #a7520852
+# %% ../nbs/20_interpolation.ipynb #f698d403
 class InterpolationDataError(ValueError):
     "The dataset breaks an assumption of the interpolation theorem (the message names the sequence and tokens)."
 
@@ -34,7 +34,7 @@ class ConstructionError(ValueError):
 class DatasetFileError(ValueError):
     "A dataset file could not be read: missing, unknown format, or wrong contents."
 
-# %% ../nbs/20_interpolation.ipynb #20a58f5c
+# %% ../nbs/20_interpolation.ipynb #b98d35a5
 TOL_TIE = 1e-12  # relative tolerance under which two hardmax scores count as tied
 
 def hardmax_weights(
@@ -53,7 +53,7 @@ def softmax_weights(
     "Softmax attention weights at temperature `tau` (row maximum subtracted, so no overflow for tiny `tau`)."
     return torch.softmax(scores / tau, dim=-1)
 
-# %% ../nbs/20_interpolation.ipynb #407d2008
+# %% ../nbs/20_interpolation.ipynb #3b9041de
 def _as_array(a, name="points")->np.ndarray:
     "A 2-D float64 numpy array from a tensor, array or nested list."
     if isinstance(a, torch.Tensor): a = a.detach().cpu().numpy()
@@ -79,7 +79,7 @@ def hausdorff(
         to_p = torch.minimum(to_p, dist.min(0).values)
     return float(max(to_q.max(), to_p.max()))
 
-# %% ../nbs/20_interpolation.ipynb #6bbf5b12
+# %% ../nbs/20_interpolation.ipynb #0a31f148
 def group_points(
     P:np.ndarray, # (n, d) points
     tol:float, # points closer than this (Euclidean) are the same point
@@ -122,7 +122,7 @@ def distinct_points(
     _, first = np.unique(lab, return_index=True)
     return P[np.sort(first)]
 
-# %% ../nbs/20_interpolation.ipynb #3800d087
+# %% ../nbs/20_interpolation.ipynb #41356875
 TOL_EQ = 1e-9      # token equality, relative to the data's scale
 TOL_DEDUP = 1e-7   # output de-duplication (predict), relative
 TOL_VERIFY = 1e-9  # accepted Hausdorff error after the last block, relative
@@ -182,7 +182,7 @@ def validate_dataset(
         seen[key] = j
     return X, Y, scale
 
-# %% ../nbs/20_interpolation.ipynb #fbf5fe6c
+# %% ../nbs/20_interpolation.ipynb #4912d613
 STAGES = ("separation", "leaders", "collapse", "snap", "interpolation")  # stage names, in order
 ATTENTIONS = ("hardmax", "softmax")
 MODES = ("paper", "compact")
@@ -228,7 +228,7 @@ class SelfAttention(nn.Module):
                  alpha:float=0.0, # V = alpha I
                  rho:float=1.0, # skip weight
                  stage:str="", # construction stage this layer belongs to
-                 chunk:int=4_000_000, # at most this many scores at once
+                 chunk:int=1_000_000, # at most this many scores at once
                 ):
         super().__init__()
         _check_option(attention, ATTENTIONS, "attention")
@@ -240,18 +240,48 @@ class SelfAttention(nn.Module):
         "True when this layer is exactly the identity (rho = 1, V = 0), for every temperature."
         return float(self.alpha) == 0.0 and float(self.rho) == 1.0
     def scores(self, xq, x):
-        "Scores <A x_i, x_l> of the query tokens `xq` (..., r, d) against all tokens `x` (..., n, d)."
-        s = (xq @ self.k)[..., :, None] * (x @ self.q)[..., None, :]
-        if float(self.gamma) != 0.0 or self.gamma.requires_grad: s = s + self.gamma * (xq @ x.transpose(-1, -2))
-        return s
+        "Scores <A x_i, x_l> = gamma <x_i, x_l> + (k.x_i)(q.x_l) of the query tokens `xq` (..., r, d) against all tokens `x` (..., n, d)."
+        grad = torch.is_grad_enabled() and self.gamma.requires_grad
+        s = None
+        if grad or self.q.any() and self.k.any(): s = (xq @ self.k)[..., :, None] * (x @ self.q)[..., None, :]
+        if grad or float(self.gamma) != 0.0:
+            g = xq @ x.transpose(-1, -2)
+            s = self.gamma * g if s is None else s + self.gamma * g
+        return torch.zeros(*xq.shape[:-1], x.shape[-2], dtype=x.dtype) if s is None else s
     def weights(self, xq, x):
         "Attention weights pi of the query tokens `xq` over all tokens `x`."
         s = self.scores(xq, x)
         return hardmax_weights(s) if self.attention == "hardmax" else softmax_weights(s, self.tau)
+    def _attend(self, xq, x):
+        "sum_l pi_il x_l for the query tokens `xq`."
+        if self.attention == "softmax": return self.weights(xq, x) @ x
+        if x.ndim == 2 and not torch.is_grad_enabled():
+            out = self._hardmax_unique(xq, x)
+            if out is not None: return out
+        s = self.scores(xq, x)   # general hardmax (ties): uniform weights over the maximisers
+        mx = s.amax(-1, keepdim=True)
+        mask = (s >= mx - TOL_TIE * mx.abs().clamp_min(1.0)).to(x.dtype)
+        return (mask @ x) / mask.sum(-1, keepdim=True)
+    def _hardmax_unique(self, xq, x):
+        "Fast hardmax when every query has a unique maximiser (then pi is one-hot: copy the token); None if a row ties."
+        if float(self.gamma) == 0.0:   # rank one: the best key of row i is the max or min of q.x_l, by the sign of k.x_i
+            a, bq = xq @ self.k, x @ self.q
+            if len(bq) < 2: return x.expand(len(xq), -1)
+            top2, itop = bq.topk(2); bot2, ibot = (-bq).topk(2)
+            pos = a > 0
+            best = torch.where(pos, a * top2[0], -a * bot2[0]); second = torch.where(pos, a * top2[1], -a * bot2[1])
+            idx = torch.where(pos, itop[0], ibot[0])
+            if (a == 0).any(): return None
+        else:
+            s = self.scores(xq, x)
+            best, idx = s.max(-1)
+            s.scatter_(-1, idx[:, None], float("-inf")); second = s.amax(-1)
+        if (second >= best - TOL_TIE * best.abs().clamp_min(1.0)).any(): return None
+        return x[idx]
     def forward(self, x):
         if float(self.alpha) == 0.0 and not (torch.is_grad_enabled() and self.alpha.requires_grad): return self.rho * x
         n = x.shape[-2]; step = max(1, self.chunk // max(1, n * (x.numel() // (n * x.shape[-1]))))
-        att = torch.cat([self.weights(x[..., i:i+step, :], x) @ x for i in range(0, n, step)], dim=-2)
+        att = torch.cat([self._attend(x[..., i:i+step, :], x) for i in range(0, n, step)], dim=-2)
         return self.rho * x + self.alpha * att
 
 class Block(nn.Module):
@@ -265,7 +295,7 @@ def identity_block(d, attention, tau, stage, padding=False)->Block:
     "A block that is exactly the identity: FF with eta = 1, W = 0; SA with rho = 1, V = 0."
     return Block(FeedForward(d, stage=stage), SelfAttention(d, attention, tau, stage=stage), stage, padding)
 
-# %% ../nbs/20_interpolation.ipynb #3fcab29b
+# %% ../nbs/20_interpolation.ipynb #ddd01e57
 def expected_blocks(
     m, # target lengths m_j (a list), or the sequences themselves
     attention:str="hardmax", # "hardmax" or "softmax"
@@ -302,7 +332,7 @@ def _snap_ff(d, e, g, c, a, b_, stage="snap")->FeedForward:
 def _units(rng, k, d):
     g = rng.standard_normal((k, d)); return g / np.linalg.norm(g, axis=1, keepdims=True)
 
-# %% ../nbs/20_interpolation.ipynb #6c15135b
+# %% ../nbs/20_interpolation.ipynb #eab02c40
 class ExactInterpolator(nn.Module):
     "A transformer built to map each training input sequence exactly onto its target token set."
     def __init__(self, blocks, d:int, attention:str, tau:float, scale:float, info:dict=None):
@@ -368,7 +398,7 @@ class ExactInterpolator(nn.Module):
     def extra_repr(self):
         return f"d={self.d}, attention={self.attention!r}, tau={self.tau}, n_blocks={self.n_blocks}, n_params={self.n_params}"
 
-# %% ../nbs/20_interpolation.ipynb #333485d0
+# %% ../nbs/20_interpolation.ipynb #406fdc3d
 class _Builder:
     "Designs the blocks one after another from the current token positions (see the chapter for the stages)."
     def __init__(self, X, Y, scale, attention, tau, mode, seed, stats=False):
@@ -458,8 +488,12 @@ class _Builder:
             self.apply_ff(ff)
             alpha = 1.0 / (2 * N)
             allowed = conf - {(j, k)}
+            lam = 1.0
+            if self.attention == "softmax":   # sharpen A = lam v v^T so the pull is one-hot to ~e^-60 (see the chapter)
+                g = self.score_gap(SelfAttention(d, "hardmax", None, gamma=0.0, q=v, k=v, alpha=1.0, rho=0.0))
+                if math.isfinite(g) and g > 0: lam = max(1.0, 60.0 * self.tau / g)
             for attempt in range(30):
-                sa = SelfAttention(d, self.attention, self.tau, gamma=0.0, q=v, k=v, alpha=alpha, rho=1.0 - alpha, stage="separation")
+                sa = SelfAttention(d, self.attention, self.tau, gamma=0.0, q=lam * v, k=v, alpha=alpha, rho=1.0 - alpha, stage="separation")
                 Znew = self.apply_sa(sa)
                 lab_new = self.positions_by_sequence(Znew); conf_new = self.conflicts(lab_new)
                 same_seq_ok = all(len(np.unique(lab_new[self.off[i]:self.off[i+1]])) == self.n[i] for i in range(N))
@@ -556,7 +590,7 @@ class _Builder:
         if not gap > self.tol:
             raise ConstructionError(f"tau too large: after the softmax clustering the clusters of different sequences overlap "
                                     f"(smallest gap {gap:.2e}); use a smaller tau (the bound tau*_est is {self.tau_bound_hint})")
-        margin = gap / 4
+        margin = gap / 4 if math.isfinite(gap) else self.scale   # a single interval: any margin works
         targets = np.concatenate(self.Y)
         for attempt in range(10):
             g = e if attempt == 0 else _units(self.rng, 1, d)[0]
@@ -602,21 +636,23 @@ class _Builder:
             self.blocks.append(Block(ff, SelfAttention(d, self.attention, self.tau, stage="interpolation"), "interpolation"))
 
     # -- tau bound statistics ---------------------------------------------------------------------------
-    def record_stats(self, sa):
-        "Score gap, diameter and output separation of a hardmax attention layer (for the softmax temperature bound)."
-        gmin, diam, outs = float("inf"), 0.0, []
+    def score_gap(self, sa):
+        "Smallest margin, over all tokens, between the best and the second-best score of attention layer `sa`."
+        gmin = float("inf")
         with torch.no_grad():
             for j in range(self.N):
                 x = self.Z[self.off[j]:self.off[j+1]]
-                diam = max(diam, 2 * float((x - x.mean(0)).norm(dim=1).max()))
                 if len(x) < 2: continue
                 step = max(1, 4_000_000 // len(x))
                 for i in range(0, len(x), step):
                     s = sa.scores(x[i:i+step], x).topk(2, dim=-1).values
                     gmin = min(gmin, float((s[:, 0] - s[:, 1]).min()))
-            out = distinct_points(self.apply_sa(sa).numpy(), self.tol)
-        sep = _min_pairwise_distance(out)
-        self.stats.append((gmin, diam, sep))
+        return gmin
+    def record_stats(self, sa):
+        "Score gap, diameter and output separation of a hardmax attention layer (for the softmax temperature bound)."
+        diam = max(2 * float((x - x.mean(0)).norm(dim=1).max()) for x in torch.split(self.Z, self.n))
+        with torch.no_grad(): out = distinct_points(self.apply_sa(sa).numpy(), self.tol)
+        self.stats.append((sa.stage, self.score_gap(sa), diam, _min_pairwise_distance(out)))
 
     def build(self):
         self.separate()
@@ -643,7 +679,7 @@ def _min_pairwise_distance(P)->float:
         best = min(best, float(dist.min()))
     return best
 
-# %% ../nbs/20_interpolation.ipynb #d995716c
+# %% ../nbs/20_interpolation.ipynb #e2a617d6
 def tau_bound(
     X, # input sequences
     Y, # target sequences
@@ -658,10 +694,11 @@ def _tau_bound(X, Y, scale, seed):
     b.build()
     n_max = max(len(x) for x in X)
     if n_max < 2: return float("inf")
-    vals = [g / math.log(max(4 * (n_max - 1) * D / s, math.e)) for g, D, s in b.stats if math.isfinite(g) and s > 0]
+    vals = [g / math.log(max(4 * (n_max - 1) * D / s, math.e)) for stage, g, D, s in b.stats
+            if stage == "collapse" and math.isfinite(g) and s > 0]
     return min(vals, default=float("inf"))
 
-# %% ../nbs/20_interpolation.ipynb #3aa023a8
+# %% ../nbs/20_interpolation.ipynb #8192f7e7
 def build_interpolator(
     X, # N input sequences, each (n_j, d): arrays, tensors or lists (or one (N, n, d) array)
     Y, # N target sequences, each (m_j, d), 1 <= m_j <= n_j
@@ -711,7 +748,7 @@ def build_interpolator(
     T.info["seconds"] = time.perf_counter() - t0
     return T
 
-# %% ../nbs/20_interpolation.ipynb #f2b42a76
+# %% ../nbs/20_interpolation.ipynb #bf4f32b2
 def random_dataset(
     N:int=5, # number of sequences
     d:int=2, # token dimension
@@ -748,7 +785,7 @@ def toy_dataset()->tuple:
     Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
     return X, Y
 
-# %% ../nbs/20_interpolation.ipynb #727d40ac
+# %% ../nbs/20_interpolation.ipynb #17227ed8
 DATASET_FORMATS = (".npz", ".json")
 
 def _split(flat, lengths, key, path):
