@@ -9,20 +9,20 @@ __all__ = ['PAD', 'BOS', 'EOS', 'SPECIALS', 'REGIONS', 'TASKS', 'Batch', 'Proble
            'Task', 'AddTask', 'ManoTask', 'CopyTask', 'bracket_pairs', 'dyck_balanced', 'ParenthesesTask', 'NeedleTask',
            'ModAddTask', 'get_task', 'Oracle']
 
-# %% ../nbs/05_tasks.ipynb #3ba8d479
+# %% ../nbs/05_tasks.ipynb #cdc70e34
 import math
 import re
 import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# %% ../nbs/05_tasks.ipynb #90eb381e
+# %% ../nbs/05_tasks.ipynb #de002c07
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-# %% ../nbs/05_tasks.ipynb #c5597970
+# %% ../nbs/05_tasks.ipynb #7e76a558
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIALS = (PAD, BOS, EOS)
 REGIONS = ("test", "arch", "weights") # region codes 0, 1, 2 of the hash partition
@@ -33,7 +33,7 @@ class Batch(NamedTuple):
     y: torch.Tensor    # long: next-token targets, `tokens[:, 1:]`
     mask: torch.Tensor # bool: True where `y` is an answer token (counts for loss and metric); False on prompt and padding
 
-# %% ../nbs/05_tasks.ipynb #ccae0e6b
+# %% ../nbs/05_tasks.ipynb #bfbccf86
 @dataclass
 class Problems:
     "Problems as right-padded token rows; row i's answer (ending with `<eos>`) is `tokens[i, prompt_len[i]:seq_len[i]]`."
@@ -69,7 +69,7 @@ class Problems:
         mask = (pos >= torch.from_numpy(self.prompt_len)[:, None]) & (pos < torch.from_numpy(self.seq_len)[:, None])
         return Batch(tok[:, :-1].contiguous(), tok[:, 1:].contiguous(), mask)
 
-# %% ../nbs/05_tasks.ipynb #1b5017c3
+# %% ../nbs/05_tasks.ipynb #871fb15e
 def concat_ragged(
     n:int, # number of rows
     *segments, # each an int token id (one token per row) or a pair (ids (n, w), lengths (n,))
@@ -91,7 +91,7 @@ def concat_ragged(
         off = off + ln
     return out[:, :max(int(off.max()), 1) if n else 1], off
 
-# %% ../nbs/05_tasks.ipynb #b841bcfd
+# %% ../nbs/05_tasks.ipynb #8f8a6289
 _M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 def _mix64(h:np.ndarray)->np.ndarray:
@@ -123,7 +123,7 @@ def region_of(
     u = (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
     return np.where(u < test_frac, 0, np.where(u < test_frac + (1 - test_frac) * arch_frac, 1, 2))
 
-# %% ../nbs/05_tasks.ipynb #54f9bb3b
+# %% ../nbs/05_tasks.ipynb #0b2a457c
 def _check_int(name, v, lo=None, hi=None):
     "Raise ValueError unless `v` is an int in [lo, hi]."
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -147,7 +147,7 @@ def _check_frac(name, v, lo=0.0, hi=1.0):
         raise ValueError(f"{name} must be a number strictly between {lo} and {hi}, got {v!r}")
     return float(v)
 
-# %% ../nbs/05_tasks.ipynb #5b77be94
+# %% ../nbs/05_tasks.ipynb #e589c81d
 _SPLIT_IDS = {"weights": 1, "arch": 2, "train": 3, "test": 4, "ood": 5}
 _ALLOWED_REGIONS = {"weights": (2,), "arch": (1,), "train": (1, 2), "test": (0,), "ood": None}
 
@@ -277,7 +277,7 @@ class Task:
         self,
         split:str, # "weights", "arch", "train", "test" or "ood"
         batch_size:int, # number of sequences
-        generator:torch.Generator=None, # source of randomness (torch's global generator when None)
+        generator:torch.Generator=None, # a CPU torch.Generator, the source of randomness (torch's global one when None)
         pad_to:int=None, # pad x, y, mask to this many columns (default: the longest sequence in the batch)
     ) -> Batch:
         "A random batch of `split`, right-padded with `pad_id` (mask False there)."
@@ -347,7 +347,7 @@ class Task:
         n_models:int=None, # M: feed x expanded to (M, B, T) and return one dict per model
         device=None, # where to run (default: the model's device)
     ):
-        "Loss, token accuracy and sequence accuracy on the answer tokens: a dict, or a list of M dicts with `n_models`."
+        "Teacher-forced loss, token and sequence accuracy on the answer tokens (sequence accuracy equals greedy-decoding accuracy): a dict, or a list of M dicts with `n_models`."
         if n_models is not None: _check_int("n_models", n_models, 1)
         device = device or _model_device(model)
         P = self.eval_problems(split, n)
@@ -411,7 +411,7 @@ class Task:
             correct[i] = gen == tokens[i, first[i]:first[i] + n_ans[i]].tolist()
         return answers, correct
 
-# %% ../nbs/05_tasks.ipynb #c9a0db85
+# %% ../nbs/05_tasks.ipynb #88fddcdd
 def _ndigits(a:np.ndarray)->np.ndarray:
     "Number of decimal digits of non-negative int64 values (1 for 0)."
     p = 10 ** np.arange(1, 19, dtype=np.int64)
@@ -429,7 +429,7 @@ class AddTask(Task):
     def __init__(self, seed:int=0,
                  n_digits:int=5, # in distribution: each operand has 1..n_digits digits
                  ood_digits:tuple=(6, 8), # OOD: each operand has this many digits (min, max)
-                 reverse_operands:bool=False, # also write the operands least-significant digit first
+                 reverse_operands:bool=True, # write the operands least-significant digit first too
                  test_frac:float=0.1, arch_frac:float=0.2):
         self.n_digits = _check_int("n_digits", n_digits, 1, 17)
         self.ood_digits = _check_range("ood_digits", ood_digits, 1, 17) if ood_digits is not None else None
@@ -466,7 +466,7 @@ class AddTask(Task):
         if self.reverse_operands: a, b = a[::-1], b[::-1]
         return list(str(int(a) + int(b))[::-1]) + [EOS]
 
-# %% ../nbs/05_tasks.ipynb #32caef18
+# %% ../nbs/05_tasks.ipynb #bc8e071e
 def _count_prefix_completions(L:int)->np.ndarray:
     "F[o, d]: number of ways to finish a prefix expression with o operators left and d open operand slots."
     Fc = np.zeros((L + 1, L + 3), dtype=np.float64)
@@ -553,7 +553,7 @@ class ManoTask(Task):
             return int(t), i + 1
         return [str(ev(0)[0]), EOS]
 
-# %% ../nbs/05_tasks.ipynb #463fdcff
+# %% ../nbs/05_tasks.ipynb #4aa3381a
 class CopyTask(Task):
     "Copy a random string: `<bos> s <sep> s <eos>`; train on short strings, test on longer ones."
     name, joiner, answer_marker, size_key = "copy", "", "<sep>", "length"
@@ -585,7 +585,7 @@ class CopyTask(Task):
 
     def solve(self, prompt): return prompt[1:prompt.index("<sep>")] + [EOS]
 
-# %% ../nbs/05_tasks.ipynb #0f156f71
+# %% ../nbs/05_tasks.ipynb #a8ab701a
 def _dyck_completions(L:int)->np.ndarray:
     "D[r, d]: number of ways to close a bracket path of depth d in exactly r more steps without going below 0."
     D = np.zeros((L + 2, L + 3), dtype=np.float64); D[0, 0] = 1
@@ -619,7 +619,7 @@ def dyck_balanced(
     ok = ok.copy(); ok[r[s[r, tc] != s[r, to] + 2]] = False
     return ok
 
-# %% ../nbs/05_tasks.ipynb #ca3c915c
+# %% ../nbs/05_tasks.ipynb #9874b119
 class ParenthesesTask(Task):
     "Dyck-2 classification: `<bos> brackets = yes|no <eos>`."
     name, joiner, size_key = "parentheses", "", "length"
@@ -706,7 +706,7 @@ class ParenthesesTask(Task):
             elif not stack or stack.pop() != "([)]"[self.CHARS.index(c) - 2]: return ["no", EOS]
         return ["no" if stack else "yes", EOS]
 
-# %% ../nbs/05_tasks.ipynb #2fae5c4e
+# %% ../nbs/05_tasks.ipynb #4a4f4ba3
 class NeedleTask(Task):
     "Associative recall: key-value pairs, then a query key; answer its value."
     name, joiner, answer_marker, answer_offset, size_key = "needle", " ", "?", 2, "pairs"
@@ -747,7 +747,7 @@ class NeedleTask(Task):
         i = prompt.index("?")
         return [dict(zip(prompt[1:i:2], prompt[2:i:2]))[prompt[i + 1]], EOS]
 
-# %% ../nbs/05_tasks.ipynb #0d6dd533
+# %% ../nbs/05_tasks.ipynb #bdaaccd6
 class ModAddTask(Task):
     "(a + b) mod p on a fixed fraction of all pairs; test on all the others."
     name, joiner, size_key = "modadd", " ", None
@@ -798,7 +798,7 @@ class ModAddTask(Task):
 
     def solve(self, prompt): return [str((int(prompt[1]) + int(prompt[3])) % self.p), EOS]
 
-# %% ../nbs/05_tasks.ipynb #b2e880b1
+# %% ../nbs/05_tasks.ipynb #b6fc374d
 _TASK_CLASSES = {c.name: c for c in (AddTask, ManoTask, CopyTask, ParenthesesTask, NeedleTask, ModAddTask)}
 TASKS = tuple(_TASK_CLASSES)
 
@@ -816,7 +816,7 @@ def get_task(
     if bad: raise TypeError(f"task {name!r} has no parameter(s) {bad}; valid parameters: {', '.join(valid)}")
     return cls(seed=seed, **params)
 
-# %% ../nbs/05_tasks.ipynb #87201eb3
+# %% ../nbs/05_tasks.ipynb #edc97610
 class Oracle(torch.nn.Module):
     "A causal stand-in model that predicts every answer token right (except on a deterministic `error_rate` fraction)."
     def __init__(self, task:Task, error_rate:float=0.0, confidence:float=10.0):
