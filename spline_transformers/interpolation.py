@@ -12,19 +12,19 @@ __all__ = ['TOL_TIE', 'TOL_EQ', 'TOL_DEDUP', 'TOL_VERIFY', 'STAGES', 'ATTENTIONS
            'tau_bound', 'build_interpolator', 'random_dataset', 'toy_dataset', 'load_dataset_file', 'save_dataset_file',
            'interpolate_file']
 
-# %% ../nbs/20_interpolation.ipynb #9920645b
+# %% ../nbs/20_interpolation.ipynb #300b2e7c
 import json
 import math
 import time
 import warnings
 from pathlib import Path
 
-# %% ../nbs/20_interpolation.ipynb #5be0a2f6
+# %% ../nbs/20_interpolation.ipynb #099ffb6c
 import numpy as np
 import torch
 from torch import nn
 
-# %% ../nbs/20_interpolation.ipynb #f698d403
+# %% ../nbs/20_interpolation.ipynb #1f150a6c
 class InterpolationDataError(ValueError):
     "The dataset breaks an assumption of the interpolation theorem (the message names the sequence and tokens)."
 
@@ -34,7 +34,7 @@ class ConstructionError(ValueError):
 class DatasetFileError(ValueError):
     "A dataset file could not be read: missing, unknown format, or wrong contents."
 
-# %% ../nbs/20_interpolation.ipynb #b98d35a5
+# %% ../nbs/20_interpolation.ipynb #7dcc4fad
 TOL_TIE = 1e-12  # relative tolerance under which two hardmax scores count as tied
 
 def hardmax_weights(
@@ -53,7 +53,7 @@ def softmax_weights(
     "Softmax attention weights at temperature `tau` (row maximum subtracted, so no overflow for tiny `tau`)."
     return torch.softmax(scores / tau, dim=-1)
 
-# %% ../nbs/20_interpolation.ipynb #3b9041de
+# %% ../nbs/20_interpolation.ipynb #56ccf589
 def _as_array(a, name="points")->np.ndarray:
     "A 2-D float64 numpy array from a tensor, array or nested list."
     if isinstance(a, torch.Tensor): a = a.detach().cpu().numpy()
@@ -79,7 +79,7 @@ def hausdorff(
         to_p = torch.minimum(to_p, dist.min(0).values)
     return float(max(to_q.max(), to_p.max()))
 
-# %% ../nbs/20_interpolation.ipynb #0a31f148
+# %% ../nbs/20_interpolation.ipynb #dea35b41
 def group_points(
     P:np.ndarray, # (n, d) points
     tol:float, # points closer than this (Euclidean) are the same point
@@ -122,7 +122,7 @@ def distinct_points(
     _, first = np.unique(lab, return_index=True)
     return P[np.sort(first)]
 
-# %% ../nbs/20_interpolation.ipynb #41356875
+# %% ../nbs/20_interpolation.ipynb #8b785c47
 TOL_EQ = 1e-9      # token equality, relative to the data's scale
 TOL_DEDUP = 1e-7   # output de-duplication (predict), relative
 TOL_VERIFY = 1e-9  # accepted Hausdorff error after the last block, relative
@@ -182,7 +182,7 @@ def validate_dataset(
         seen[key] = j
     return X, Y, scale
 
-# %% ../nbs/20_interpolation.ipynb #4912d613
+# %% ../nbs/20_interpolation.ipynb #a09330a5
 STAGES = ("separation", "leaders", "collapse", "snap", "interpolation")  # stage names, in order
 ATTENTIONS = ("hardmax", "softmax")
 MODES = ("paper", "compact")
@@ -211,7 +211,7 @@ class FeedForward(nn.Module):
         self.eta, self.U, self.b, self.W = _param(eta), _param(U, width, d), _param(b, width), _param(W, d, width)
     def is_identity(self)->bool:
         "True when this layer is exactly the identity (eta = 1, W = 0)."
-        return float(self.eta) == 1.0 and not bool(self.W.any())
+        return float(self.eta.detach()) == 1.0 and not bool(self.W.any())
     def forward(self, x):
         if self.is_identity() and not (torch.is_grad_enabled() and self.W.requires_grad): return x
         return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
@@ -238,13 +238,13 @@ class SelfAttention(nn.Module):
         self.alpha, self.rho = _param(alpha), _param(rho)
     def is_identity(self)->bool:
         "True when this layer is exactly the identity (rho = 1, V = 0), for every temperature."
-        return float(self.alpha) == 0.0 and float(self.rho) == 1.0
+        return float(self.alpha.detach()) == 0.0 and float(self.rho.detach()) == 1.0
     def scores(self, xq, x):
         "Scores <A x_i, x_l> = gamma <x_i, x_l> + (k.x_i)(q.x_l) of the query tokens `xq` (..., r, d) against all tokens `x` (..., n, d)."
         grad = torch.is_grad_enabled() and self.gamma.requires_grad
         s = None
         if grad or self.q.any() and self.k.any(): s = (xq @ self.k)[..., :, None] * (x @ self.q)[..., None, :]
-        if grad or float(self.gamma) != 0.0:
+        if grad or float(self.gamma.detach()) != 0.0:
             g = xq @ x.transpose(-1, -2)
             s = self.gamma * g if s is None else s + self.gamma * g
         return torch.zeros(*xq.shape[:-1], x.shape[-2], dtype=x.dtype) if s is None else s
@@ -264,7 +264,7 @@ class SelfAttention(nn.Module):
         return (mask @ x) / mask.sum(-1, keepdim=True)
     def _hardmax_unique(self, xq, x):
         "Fast hardmax when every query has a unique maximiser (then pi is one-hot: copy the token); None if a row ties."
-        if float(self.gamma) == 0.0:   # rank one: the best key of row i is the max or min of q.x_l, by the sign of k.x_i
+        if float(self.gamma.detach()) == 0.0:   # rank one: the best key of row i is the max or min of q.x_l, by the sign of k.x_i
             a, bq = xq @ self.k, x @ self.q
             if len(bq) < 2: return x.expand(len(xq), -1)
             top2, itop = bq.topk(2); bot2, ibot = (-bq).topk(2)
@@ -279,7 +279,7 @@ class SelfAttention(nn.Module):
         if (second >= best - TOL_TIE * best.abs().clamp_min(1.0)).any(): return None
         return x[idx]
     def forward(self, x):
-        if float(self.alpha) == 0.0 and not (torch.is_grad_enabled() and self.alpha.requires_grad): return self.rho * x
+        if float(self.alpha.detach()) == 0.0 and not (torch.is_grad_enabled() and self.alpha.requires_grad): return self.rho * x
         n = x.shape[-2]; step = max(1, self.chunk // max(1, n * (x.numel() // (n * x.shape[-1]))))
         att = torch.cat([self._attend(x[..., i:i+step, :], x) for i in range(0, n, step)], dim=-2)
         return self.rho * x + self.alpha * att
@@ -295,7 +295,7 @@ def identity_block(d, attention, tau, stage, padding=False)->Block:
     "A block that is exactly the identity: FF with eta = 1, W = 0; SA with rho = 1, V = 0."
     return Block(FeedForward(d, stage=stage), SelfAttention(d, attention, tau, stage=stage), stage, padding)
 
-# %% ../nbs/20_interpolation.ipynb #ddd01e57
+# %% ../nbs/20_interpolation.ipynb #b6e59df9
 def expected_blocks(
     m, # target lengths m_j (a list), or the sequences themselves
     attention:str="hardmax", # "hardmax" or "softmax"
@@ -332,7 +332,7 @@ def _snap_ff(d, e, g, c, a, b_, stage="snap")->FeedForward:
 def _units(rng, k, d):
     g = rng.standard_normal((k, d)); return g / np.linalg.norm(g, axis=1, keepdims=True)
 
-# %% ../nbs/20_interpolation.ipynb #eab02c40
+# %% ../nbs/20_interpolation.ipynb #915ef23a
 class ExactInterpolator(nn.Module):
     "A transformer built to map each training input sequence exactly onto its target token set."
     def __init__(self, blocks, d:int, attention:str, tau:float, scale:float, info:dict=None):
@@ -398,7 +398,7 @@ class ExactInterpolator(nn.Module):
     def extra_repr(self):
         return f"d={self.d}, attention={self.attention!r}, tau={self.tau}, n_blocks={self.n_blocks}, n_params={self.n_params}"
 
-# %% ../nbs/20_interpolation.ipynb #406fdc3d
+# %% ../nbs/20_interpolation.ipynb #879ac540
 class _Builder:
     "Designs the blocks one after another from the current token positions (see the chapter for the stages)."
     def __init__(self, X, Y, scale, attention, tau, mode, seed, stats=False):
@@ -679,7 +679,7 @@ def _min_pairwise_distance(P)->float:
         best = min(best, float(dist.min()))
     return best
 
-# %% ../nbs/20_interpolation.ipynb #e2a617d6
+# %% ../nbs/20_interpolation.ipynb #09803f25
 def tau_bound(
     X, # input sequences
     Y, # target sequences
@@ -698,7 +698,7 @@ def _tau_bound(X, Y, scale, seed):
             if stage == "collapse" and math.isfinite(g) and s > 0]
     return min(vals, default=float("inf"))
 
-# %% ../nbs/20_interpolation.ipynb #8192f7e7
+# %% ../nbs/20_interpolation.ipynb #6cff2cb6
 def build_interpolator(
     X, # N input sequences, each (n_j, d): arrays, tensors or lists (or one (N, n, d) array)
     Y, # N target sequences, each (m_j, d), 1 <= m_j <= n_j
@@ -748,7 +748,7 @@ def build_interpolator(
     T.info["seconds"] = time.perf_counter() - t0
     return T
 
-# %% ../nbs/20_interpolation.ipynb #bf4f32b2
+# %% ../nbs/20_interpolation.ipynb #34045592
 def random_dataset(
     N:int=5, # number of sequences
     d:int=2, # token dimension
@@ -785,7 +785,7 @@ def toy_dataset()->tuple:
     Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
     return X, Y
 
-# %% ../nbs/20_interpolation.ipynb #17227ed8
+# %% ../nbs/20_interpolation.ipynb #cbb53f5e
 DATASET_FORMATS = (".npz", ".json")
 
 def _split(flat, lengths, key, path):
