@@ -12,7 +12,7 @@ __all__ = ['TIMEOUT_ENV', 'FAULT_ENV', 'DEFAULT_TIMEOUT_S', 'BACKENDS', 'sync_fi
            'merge_phase1', 'cell_file', 'distributed_transfer', 'write_transfer', 'worker_parser', 'configs_from_args',
            'run_worker', 'main']
 
-# %% ../nbs/10_distributed.ipynb #ca89cc8e
+# %% ../nbs/10_distributed.ipynb #7ced5902
 import argparse, copy, datetime, json, math, os, signal, subprocess, sys, time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ import torch.nn as nn
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# %% ../nbs/10_distributed.ipynb #ac49de01
+# %% ../nbs/10_distributed.ipynb #ba2f921c
 from .model import TransformerConfig
 from .ensemble import Ensemble
 from .tasks import get_task
@@ -35,7 +35,7 @@ from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame
 from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, TransferCell, transfer_cells, run_cell,
                                            assemble_transfer, TransferMatrix)
 
-# %% ../nbs/10_distributed.ipynb #4bbf7f24
+# %% ../nbs/10_distributed.ipynb #40a5cc5e
 def sync_figure(
     n_models:int=8, # M
     world_size:int=2, # ranks
@@ -72,7 +72,7 @@ def sync_figure(
                       xaxis=dict(visible=False, range=[0, 1]), yaxis=dict(visible=False, range=[-0.05, 1.0]))
     return fig
 
-# %% ../nbs/10_distributed.ipynb #d6b97530
+# %% ../nbs/10_distributed.ipynb #dcd1d416
 def torchrun_command(
     args:Sequence[str], # the sub-command and its options, e.g. ["phase1", "--task", "add"]
     nproc_per_node:int=2, # processes per machine (one per GPU)
@@ -91,6 +91,23 @@ def torchrun_command(
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
     return cmd + [f"--nproc_per_node={nproc_per_node}", "-m", module, *map(str, args)]
 
+def _descendants(pid:int)->list:
+    "Process ids of every descendant of `pid` (Linux /proc; empty elsewhere)."
+    children = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try: ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError): continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []): out.append(c); todo.append(c)
+    return out
+
+def _signal_all(pids:Sequence[int], sig:int):
+    for q in pids:
+        try: os.kill(q, sig)
+        except (ProcessLookupError, PermissionError): pass
+
 def launch(
     args:Sequence[str], # the sub-command and its options
     nproc_per_node:int=2, # processes (one machine, --standalone)
@@ -104,15 +121,16 @@ def launch(
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e, start_new_session=True)
     try: out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGABRT)          # every Python process of the job prints where it was stuck (faulthandler)
+        job = [p.pid] + _descendants(p.pid)      # torchrun puts each worker in a session of its own: signal every process
+        _signal_all(job, signal.SIGABRT)          # every Python process of the job prints where it was stuck (faulthandler)
         try: out, err = p.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL); out, err = p.communicate()
+            _signal_all(job, signal.SIGKILL); out, err = p.communicate()
         raise TimeoutError(f"the torchrun job did not finish in {timeout} s and was killed: {' '.join(cmd)}\n"
                            f"stdout:\n{out[-2000:]}\nstderr:\n{err[-6000:]}") from None
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
-# %% ../nbs/10_distributed.ipynb #0d134701
+# %% ../nbs/10_distributed.ipynb #5dc1ab9c
 TIMEOUT_ENV = "SPLINE_TRANSFORMERS_DIST_TIMEOUT"  # seconds a collective may wait for the other ranks
 FAULT_ENV = "SPLINE_TRANSFORMERS_FAULT"  # fault injection for tests: "rank=R,step=S" kills rank R at its S-th all-reduce
 DEFAULT_TIMEOUT_S = 300.0  # collective timeout when neither the caller nor TIMEOUT_ENV sets one
@@ -157,7 +175,7 @@ def collective_timeout(timeout:Optional[float]=None)->float:
     if not timeout > 0: raise ValueError(f"the collective timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
 
-# %% ../nbs/10_distributed.ipynb #7b549f0e
+# %% ../nbs/10_distributed.ipynb #054a9cae
 def _device_for(backend:str, local_rank:int)->str:
     if backend != "nccl": return "cpu"
     n = torch.cuda.device_count()
@@ -200,7 +218,7 @@ def init_distributed(
     _state["timeout"] = td.total_seconds()
     return dist_info()
 
-# %% ../nbs/10_distributed.ipynb #9563797c
+# %% ../nbs/10_distributed.ipynb #1d548e47
 def shutdown(
     code:int=0, # the process's exit status
 )->NoReturn:
@@ -217,7 +235,7 @@ def shutdown(
             except Exception: pass
         os._exit(code)
 
-# %% ../nbs/10_distributed.ipynb #8e089491
+# %% ../nbs/10_distributed.ipynb #068afecb
 def shard_sizes(
     n:int, # number of items (models, cells)
     world_size:int, # number of ranks
@@ -237,7 +255,7 @@ def shard(
     start = sum(sizes[:rank])
     return list(items)[start:start + sizes[rank]]
 
-# %% ../nbs/10_distributed.ipynb #291e8840
+# %% ../nbs/10_distributed.ipynb #dc41cfef
 class RankFailure(RuntimeError):
     "A collective failed: another rank died or stopped answering. The job stops; relaunch with resume to continue."
 
@@ -271,7 +289,7 @@ def broadcast_object(obj, src:int=0, what:str="broadcast"):
     _collective(what, lambda: dist.broadcast_object_list(box, src=src))
     return box[0]
 
-# %% ../nbs/10_distributed.ipynb #826ee5cc
+# %% ../nbs/10_distributed.ipynb #a85ebcbe
 def _parse_fault(spec:Optional[str])->Optional[dict]:
     "The fault `SPLINE_TRANSFORMERS_FAULT` asks for: {'rank': R, 'step': S} or None."
     if not spec: return None
@@ -313,7 +331,7 @@ class GradAllReduce:
             if p.grad is None: p.grad = g.clone()
             else: p.grad.copy_(g)
 
-# %% ../nbs/10_distributed.ipynb #31ca0d21
+# %% ../nbs/10_distributed.ipynb #e8a4c78d
 def rank_checkpoint_dir(
     base:Union[str,Path], # the run's checkpoint_dir
     rank:int, # this rank
@@ -350,7 +368,7 @@ def agreed_resume(
     else: step = max(common)
     return checkpoint_path(rank_checkpoint_dir(base, info.rank, info.world_size), step)
 
-# %% ../nbs/10_distributed.ipynb #e0436c2f
+# %% ../nbs/10_distributed.ipynb #f91d8a71
 def _flat_values(nl:nn.Module)->torch.Tensor:
     ps = list(nl.parameters())
     return torch.cat([p.detach().float().reshape(-1).cpu() for p in ps]) if ps else torch.zeros(0)
@@ -372,7 +390,7 @@ def _rank_device(cfg_device:str, info:DistInfo)->str:
     if str(cfg_device) in ("auto", "cuda") and torch.cuda.is_available(): return f"cuda:{info.local_rank % torch.cuda.device_count()}"
     return "cpu" if str(cfg_device) == "auto" else str(cfg_device)
 
-# %% ../nbs/10_distributed.ipynb #cb6b8fd6
+# %% ../nbs/10_distributed.ipynb #00d5abb9
 class SplineHistory:
     "A Phase I callback that keeps the shared splines' values at every evaluation (they are tiny), for choosing `best` from all M models."
     def __init__(self,
@@ -408,7 +426,7 @@ def _splines_at(step:int, history:SplineHistory, local:Phase1Result, ck_dir:Opti
         for p, v in zip(out.parameters(), vals): p.copy_(v)
     return out
 
-# %% ../nbs/10_distributed.ipynb #fb23bae5
+# %% ../nbs/10_distributed.ipynb #9d4201cc
 def distributed_phase1(
     data, # source task or corpus (the same on every rank)
     arch:TransformerConfig, # architecture with spline nonlinearities (vocab/max_len are taken from `data`)
@@ -453,7 +471,7 @@ def distributed_phase1(
     if out_dir is not None: out.save(out_dir)
     return out
 
-# %% ../nbs/10_distributed.ipynb #67c9a8c7
+# %% ../nbs/10_distributed.ipynb #98f9a685
 def merge_phase1(
     parts:Sequence[dict], # what each rank sent: rank, seeds, metric rows, cost, batched weights
     local:Phase1Result, # rank 0's own result (final splines, configs)
@@ -478,7 +496,7 @@ def merge_phase1(
     config = {**local.config, "phase1": p1.to_dict()}
     return Phase1Result(local.nonlinearities, best.freeze(), int(best_step), metrics, cost, config, ens)
 
-# %% ../nbs/10_distributed.ipynb #cdc90331
+# %% ../nbs/10_distributed.ipynb #11751b95
 def cell_file(
     folder:Union[str,Path], # where finished cells are kept
     cell:TransferCell, # the cell
@@ -530,7 +548,7 @@ def write_transfer(
     tm.metrics.to_csv(out / "metrics.csv", index=False)
     return out
 
-# %% ../nbs/10_distributed.ipynb #baae1ce6
+# %% ../nbs/10_distributed.ipynb #9d2b53ef
 def _kv(items)->dict:
     "['n_digits=3', 'ood_digits=[4,5]'] -> {'n_digits': 3, 'ood_digits': [4, 5]} (values parsed as JSON when they can be)."
     out = {}
@@ -611,5 +629,5 @@ def main(argv:Optional[Sequence[str]]=None)->NoReturn:
         print(f"ERROR on rank {dist_info().rank}: {type(e).__name__}: {e}", file=sys.stderr); code = 1
     shutdown(code)
 
-# %% ../nbs/10_distributed.ipynb #ef4990cd
+# %% ../nbs/10_distributed.ipynb #1817c78c
 if __name__ == "__main__" and "__file__" in globals(): main()
