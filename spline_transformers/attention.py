@@ -9,7 +9,7 @@ __all__ = ['ATTN_FNS', 'POSITIONS', 'ATTN_CPP_SOURCE', 'KERNELS', 'check_option'
            'sinusoidal_positions', 'softmax_attention', 'set_attention_kernel', 'attention_kernel', 'SplineAttnWeights',
            'spline_attention', 'hardmax_attention', 'attention_weights', 'attend', 'SelfAttention']
 
-# %% ../nbs/02_attention.ipynb #835b5074
+# %% ../nbs/02_attention.ipynb #3715d7bc
 import hashlib, math, os, threading, warnings
 from typing import Callable, Optional
 
@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# %% ../nbs/02_attention.ipynb #a012f9e6
+# %% ../nbs/02_attention.ipynb #7a972fbf
 ATTN_FNS = ("softmax", "spline", "hardmax")  # score nonlinearities `attend` knows
 POSITIONS = ("learned", "sinusoidal", "alibi", "none")  # ways to tell a model where a token is
 
-# %% ../nbs/02_attention.ipynb #f3222056
+# %% ../nbs/02_attention.ipynb #6ed4b4d2
 def check_option(
     value:str, # the option given
     valid:tuple, # the names allowed
@@ -32,7 +32,7 @@ def check_option(
         raise ValueError(f"unknown {what} {value!r}; valid values are {', '.join(repr(v) for v in valid)}")
     return value
 
-# %% ../nbs/02_attention.ipynb #31de982e
+# %% ../nbs/02_attention.ipynb #16fc5340
 def attention_mask(
     T:int, # sequence length
     causal:bool=True, # allow key j for query i only if j <= i
@@ -48,7 +48,7 @@ def attention_mask(
     keys = (~padding_mask.to(device))[:, None, None, :]  # (B, 1, 1, T)
     return keys if mask is None else keys & mask
 
-# %% ../nbs/02_attention.ipynb #114723c3
+# %% ../nbs/02_attention.ipynb #4be97b28
 def alibi_slopes(
     n_heads:int, # number of attention heads H
 )->torch.Tensor:
@@ -56,7 +56,7 @@ def alibi_slopes(
     h = torch.arange(1, n_heads + 1, dtype=torch.float64)
     return torch.pow(2.0, -8.0 * h / n_heads).float()
 
-# %% ../nbs/02_attention.ipynb #0c66b13e
+# %% ../nbs/02_attention.ipynb #0e698021
 def alibi_bias(
     n_heads:int, # number of attention heads H
     T:int, # sequence length
@@ -68,7 +68,7 @@ def alibi_bias(
     dist = (pos[:, None] - pos[None, :]).abs().to(dtype)
     return -alibi_slopes(n_heads).to(device=device, dtype=dtype)[:, None, None] * dist
 
-# %% ../nbs/02_attention.ipynb #cb85f4b9
+# %% ../nbs/02_attention.ipynb #e0b0a2a1
 def sinusoidal_positions(
     max_len:int, # number of positions
     d_model:int, # embedding width
@@ -81,7 +81,7 @@ def sinusoidal_positions(
     pe[:, 1::2] = torch.cos(pos * freq)[:, : d_model // 2]
     return pe.float()
 
-# %% ../nbs/02_attention.ipynb #689d7bd6
+# %% ../nbs/02_attention.ipynb #913b3adc
 def _guard(den:torch.Tensor, floor:torch.Tensor)->torch.Tensor:
     "sign(den) * max(|den|, floor), with sign(0) = +1 (spec §2.4)."
     return torch.where(den >= 0, torch.maximum(den, floor), torch.minimum(den, -floor))
@@ -90,7 +90,7 @@ def _floor(w:torch.Tensor, eps:float)->torch.Tensor:
     "The guard's threshold for each row: eps times the row's total weight magnitude (a constant for autograd)."
     with torch.no_grad(): return eps * w.abs().sum(-1, keepdim=True) + torch.finfo(w.dtype).tiny
 
-# %% ../nbs/02_attention.ipynb #1b50da5c
+# %% ../nbs/02_attention.ipynb #b1fa3fa7
 def _scores(q, k, bias):
     "Scaled scores q k^T / sqrt(d) in float32, plus an optional additive bias."
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -98,12 +98,12 @@ def _scores(q, k, bias):
     if s.dtype in (torch.float16, torch.bfloat16): s = s.float()
     return s if bias is None else s + bias
 
-# %% ../nbs/02_attention.ipynb #de3c2c15
+# %% ../nbs/02_attention.ipynb #c9b230f2
 def _row_has_key(mask):
     "True for query rows that may attend to at least one key, shaped to broadcast against the output."
     return mask.any(-1, keepdim=True)
 
-# %% ../nbs/02_attention.ipynb #76b34111
+# %% ../nbs/02_attention.ipynb #ecfdc524
 def softmax_attention(q, k, v, mask=None, bias=None, dropout_p=0.0, causal=False):
     "Softmax attention through `F.scaled_dot_product_attention`; rows with no allowed key give 0."
     if mask is None and bias is None:
@@ -117,14 +117,14 @@ def softmax_attention(q, k, v, mask=None, bias=None, dropout_p=0.0, causal=False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out * ok.to(out.dtype)
 
-# %% ../nbs/02_attention.ipynb #9e657d82
+# %% ../nbs/02_attention.ipynb #69faa284
 def _combine(a, b):
     "Logical and of two optional masks."
     if a is None: return b
     if b is None: return a
     return a & b
 
-# %% ../nbs/02_attention.ipynb #61764ace
+# %% ../nbs/02_attention.ipynb #7cf07ff2
 ATTN_CPP_SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -223,10 +223,10 @@ static void bwd_impl(const T* gw, const T* gden, const T* s, const T* vals, cons
   const T top = T(K - 1);
   const int32_t last = (int32_t)(K - 2);
   const int nt = at::get_num_threads();
-  std::vector<double> hist(need_v ? (size_t)nt * 2 * K : 0, 0.0);
+  constexpr int NSUB = 4;   // independent sub-histograms: consecutive scores often hit the same knot
+  std::vector<double> hist(need_v ? (size_t)nt * NSUB * 2 * K : 0, 0.0);
   at::parallel_for(0, N * Tq, 16, [&](int64_t b, int64_t e) {
-    double* ht = need_v ? hist.data() + (size_t)at::get_thread_num() * 2 * K : nullptr;
-    double* hr = need_v ? ht + K : nullptr;
+    double* hbase = need_v ? hist.data() + (size_t)at::get_thread_num() * NSUB * 2 * K : nullptr;
     for (int64_t r = b; r < e; ++r) {
       const int64_t n = r / Tq, i = r % Tq;
       const int64_t jmax = causal ? std::min(Tk, std::max<int64_t>(i + 1 + off, 0)) : Tk;
@@ -264,7 +264,8 @@ static void bwd_impl(const T* gw, const T* gden, const T* s, const T* vals, cons
             k = t <= T(0) ? 0 : (t >= T(last) ? last : (int32_t)t); f = t - T(k);
           }
           const double g = (double)(gr[j] + gd);
-          ht[k] += g; hr[k] += g * (double)f;
+          double* ht = hbase + (j % NSUB) * 2 * K;
+          ht[k] += g; ht[K + k] += g * (double)f;
         }
       }
     }
@@ -272,7 +273,7 @@ static void bwd_impl(const T* gw, const T* gden, const T* s, const T* vals, cons
   if (need_v) {
     for (int64_t k = 0; k < K; ++k) {
       double tsum = 0.0, rsum = 0.0;
-      for (int th = 0; th < nt; ++th) { tsum += hist[(size_t)th * 2 * K + k]; rsum += hist[(size_t)th * 2 * K + K + k]; }
+      for (int h = 0; h < nt * NSUB; ++h) { tsum += hist[(size_t)h * 2 * K + k]; rsum += hist[(size_t)h * 2 * K + K + k]; }
       gv[k] += tsum - rsum;
       if (k + 1 < K) gv[k + 1] += rsum;
     }
@@ -301,7 +302,7 @@ std::vector<torch::Tensor> attn_weights_backward(torch::Tensor gw, torch::Tensor
 }
 """
 
-# %% ../nbs/02_attention.ipynb #7e072ca2
+# %% ../nbs/02_attention.ipynb #cf1c8195
 KERNELS = ("auto", "cpp", "torch")  # how the spline kernel's weights are computed on CPU
 _kernel_state = {"requested": "auto", "module": None, "reason": None, "lock": threading.Lock()}
 
@@ -367,7 +368,7 @@ class SplineAttnWeights(torch.autograd.Function):
         gs, gv = mod.attn_weights_backward(gw, gden, s, values, keymask, x_min, x_max, linear, causal, need_s, need_v)
         return (gs if need_s else None), (gv if need_v else None), None, None, None, None, None
 
-# %% ../nbs/02_attention.ipynb #023b7a57
+# %% ../nbs/02_attention.ipynb #f9dcebe9
 def _spline_params(phi):
     "(values, x_min, x_max, extrapolate) if `phi` is one linear spline the fused kernel can evaluate, else None."
     v = getattr(phi, "values", None)
@@ -392,7 +393,7 @@ def _fused_weights(s, phi, mask, causal):
     w, den, aden = SplineAttnWeights.apply(s.contiguous().view(N, Tq, Tk), values.to(s.dtype), km, causal, x_min, x_max, extrapolate == "linear")
     return w.view(s.shape), den.view(*s.shape[:-1], 1), aden.view(*s.shape[:-1], 1)
 
-# %% ../nbs/02_attention.ipynb #bcb2006e
+# %% ../nbs/02_attention.ipynb #10f16ea2
 def spline_attention(q, k, v, phi:Callable, mask=None, bias=None, dropout_p=0.0, causal=False, eps:float=1e-6, stats:Optional[dict]=None):
     "Learned-kernel attention: weights phi(s) on the (biased) scores, 0 where masked, normalised by the guarded row sum."
     s = _scores(q, k, bias)
@@ -410,7 +411,7 @@ def spline_attention(q, k, v, phi:Callable, mask=None, bias=None, dropout_p=0.0,
     if dropout_p > 0: w = F.dropout(w, dropout_p)
     return torch.matmul(w.to(v.dtype), v) / den.to(v.dtype)
 
-# %% ../nbs/02_attention.ipynb #ca7279b4
+# %% ../nbs/02_attention.ipynb #8eb1cbf3
 @torch.no_grad()
 def _record_stats(stats, w, den, floor, mask):
     "Fill `stats` with the fraction of negative weights among allowed entries and of rows whose denominator was guarded."
@@ -419,7 +420,7 @@ def _record_stats(stats, w, den, floor, mask):
     stats["frac_guarded_rows"] = float((den.abs() < floor).float().mean())
     stats["min_row_sum"] = float(den.min())
 
-# %% ../nbs/02_attention.ipynb #ef7e3168
+# %% ../nbs/02_attention.ipynb #de511ba1
 def hardmax_attention(q, k, v, mask=None, bias=None, causal=False):
     "Hardmax attention: uniform weights over the keys that tie for the row's maximum score; rows with no key give 0."
     if causal: mask = _combine(mask, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
@@ -430,7 +431,7 @@ def hardmax_attention(q, k, v, mask=None, bias=None, causal=False):
     den = w.sum(-1, keepdim=True).clamp_min(1.0)
     return torch.matmul(w, v) / den
 
-# %% ../nbs/02_attention.ipynb #7de6fea5
+# %% ../nbs/02_attention.ipynb #d1686022
 def attention_weights(
     q:torch.Tensor, # queries (..., H, T, d_head)
     k:torch.Tensor, # keys (..., H, T, d_head)
@@ -457,7 +458,7 @@ def attention_weights(
     if mask is not None: w = w.masked_fill(~mask, 0.0)
     return w / _guard(w.sum(-1, keepdim=True), _floor(w, eps))
 
-# %% ../nbs/02_attention.ipynb #357c60ef
+# %% ../nbs/02_attention.ipynb #e36a52df
 def attend(
     q:torch.Tensor, # queries (..., H, T, d_head)
     k:torch.Tensor, # keys (..., H, T, d_head)
@@ -478,7 +479,7 @@ def attend(
     if phi is None: raise ValueError("attn_fn='spline' needs phi, the kernel function (e.g. a LinearSpline initialised with init='exp')")
     return spline_attention(q, k, v, phi, mask, bias, dropout_p, causal, eps, stats)
 
-# %% ../nbs/02_attention.ipynb #83c74a78
+# %% ../nbs/02_attention.ipynb #bd9dcb80
 class SelfAttention(nn.Module):
     "Multi-head self-attention with a pluggable score nonlinearity and optional ALiBi bias."
     def __init__(self,
