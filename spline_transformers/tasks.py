@@ -747,7 +747,7 @@ class NeedleTask(Task):
         i = prompt.index("?")
         return [dict(zip(prompt[1:i:2], prompt[2:i:2]))[prompt[i + 1]], EOS]
 
-# %% ../nbs/05_tasks.ipynb #bdaaccd6
+# %% ../nbs/05_tasks.ipynb #ae11d724
 class ModAddTask(Task):
     "(a + b) mod p on a fixed fraction of all pairs; test on all the others."
     name, joiner, size_key = "modadd", " ", None
@@ -755,7 +755,9 @@ class ModAddTask(Task):
                  p:int=97, # the modulus
                  train_frac:float=0.5, # fraction of all p*p pairs used for training (weights + arch)
                  arch_frac:float=0.2, # fraction of the training pairs held out as the arch split
-                 test_frac:float=None): # unused (the test split is all pairs not in train); accepted for uniformity
+                 test_frac:float=None): # must stay None: the test split is every pair not in train (set train_frac)
+        if test_frac is not None:
+            raise ValueError(f"modadd's test split is every pair not in train, so test_frac={test_frac!r} has no effect; set train_frac instead")
         self.p = _check_int("p", p, 2, 2000)
         self.train_frac = _check_frac("train_frac", train_frac)
         self.params = dict(seed=seed, p=p, train_frac=train_frac, arch_frac=arch_frac)

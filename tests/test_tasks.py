@@ -418,6 +418,7 @@ def test_show_returns_frame():
     ("modadd", dict(p=1), "p must be"),
     ("modadd", dict(train_frac=1.0), "train_frac"),
     ("modadd", dict(p=3, train_frac=0.1), "empty split"),
+    ("modadd", dict(test_frac=0.3), "set train_frac instead"),
 ])
 def test_invalid_parameters(name, params, msg):
     with pytest.raises((ValueError, TypeError), match=re.escape(msg)):
