@@ -8,10 +8,11 @@ process (every timing in a round runs back to back), medians over rounds, 2 thre
 import argparse, os, statistics, sys, time
 
 THRESHOLD = "4294967296"
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") != THRESHOLD:
-    # glibc hands allocations over 32 MiB to fresh mmaps; each 33 MB tensor would then pay ~10 ms of page faults.
-    # The variable is read at process start, so re-exec with it set.
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = THRESHOLD
+MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+if any(os.environ.get(v) != THRESHOLD for v in MALLOC_VARS):
+    # glibc hands allocations over 32 MiB to fresh mmaps (and trims freed heap back to the OS); each 33 MB tensor
+    # would then pay ~10 ms of page faults. The variables are read at process start, so re-exec with them set.
+    for v in MALLOC_VARS: os.environ[v] = THRESHOLD
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
@@ -28,8 +29,9 @@ def main():
     ap.add_argument("--backends", nargs="+", default=["cpp", "torch"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']} (set so large tensors reuse heap memory "
-          f"instead of fresh page-faulting mmaps); torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']} and MALLOC_TRIM_THRESHOLD_="
+          f"{os.environ['MALLOC_TRIM_THRESHOLD_']} set (large tensors reuse heap memory instead of fresh page-faulting "
+          f"mmaps); torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"shape {tuple(args.shape)} float32, baseline erf-GeLU (approximate='none')")
     backends = []
     for b in args.backends:

@@ -38,7 +38,7 @@ def _check_range(n_knots, x_min, x_max):
     if not (math.isfinite(x_min) and math.isfinite(x_max) and x_max > x_min):
         raise ValueError(f"need finite x_min < x_max, got x_min={x_min!r}, x_max={x_max!r}")
 
-# %% ../nbs/01_splines.ipynb #4665a570
+# %% ../nbs/01_splines.ipynb #d87df9ed
 def _spline_ids(x, S, inner):
     "Which spline each element of flat `x`, viewed as (outer, S, inner), uses (None for a single spline)."
     if S == 1: return None
@@ -89,7 +89,7 @@ def _torch_backward_constant(g, x, values, x_min, x_max, S, inner, need_x, need_
         fe = u.clamp_(1.0, float(K)).sub_(j_f)  # share of the right knot: 1 in bin 0, 0 in bin K, NaN for NaN
         n = S * (K + 1)
         total = torch.zeros(n, dtype=acc, device=g.device).index_add_(0, jj, g.to(acc)).view(S, K + 1)
-        right = torch.zeros(n, dtype=acc, device=g.device).index_add_(0, jj, (g * fe).to(acc)).view(S, K + 1)
+        right = torch.zeros(n, dtype=acc, device=g.device).index_add_(0, jj, fe.mul_(g).to(acc)).view(S, K + 1)
         gv = (total - right)[:, 1:] + right[:, :-1]
     return gx, gv
 
