@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# %% ../nbs/01_splines.ipynb #f6e2dc97
+# %% ../nbs/01_splines.ipynb #42891618
 EXTRAPOLATIONS = ("constant", "linear")
 INITS = ("gelu", "relu", "identity", "zeros", "exp")
 
@@ -38,7 +38,7 @@ def _check_range(n_knots, x_min, x_max):
     if not (math.isfinite(x_min) and math.isfinite(x_max) and x_max > x_min):
         raise ValueError(f"need finite x_min < x_max, got x_min={x_min!r}, x_max={x_max!r}")
 
-# %% ../nbs/01_splines.ipynb #d87df9ed
+# %% ../nbs/01_splines.ipynb #cb56b38a
 def _spline_ids(x, S, inner):
     "Which spline each element of flat `x`, viewed as (outer, S, inner), uses (None for a single spline)."
     if S == 1: return None
@@ -114,7 +114,7 @@ def _torch_backward(g, x, values, x_min, x_max, extrapolate, S, inner, need_x, n
         gv[:, 1:] += right[:, :-1]
     return gx, gv
 
-# %% ../nbs/01_splines.ipynb #4441b898
+# %% ../nbs/01_splines.ipynb #10a65c5f
 BACKENDS = ("auto", "cpp", "triton", "torch")
 ENV_BACKEND = "SPLINE_TRANSFORMERS_BACKEND"
 
@@ -194,7 +194,7 @@ def spline_backend(
     "Which backend evaluates splines on `device`, and why (may build the kernel on first call)."
     return _choose(_device_type(device))[1]
 
-# %% ../nbs/01_splines.ipynb #2cfd3980
+# %% ../nbs/01_splines.ipynb #d33ad54e
 CPP_SOURCE = r'''
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -509,7 +509,7 @@ std::vector<torch::Tensor> spline_backward(torch::Tensor g, torch::Tensor x, tor
 }
 '''
 
-# %% ../nbs/01_splines.ipynb #de2b3222
+# %% ../nbs/01_splines.ipynb #36bd77c7
 CPP_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
 
 def _cpp_build_name():
@@ -558,7 +558,7 @@ def _load_cpp():
 
 _LOADERS["cpp"] = _load_cpp
 
-# %% ../nbs/01_splines.ipynb #e5352924
+# %% ../nbs/01_splines.ipynb #93fcd084
 def _triton_kernels():
     "Define the Triton kernels (imports triton lazily; Triton resolves names in module globals, hence `global`)."
     global triton, tl, _tl_locate, _tl_spline_fwd, _tl_spline_bwd
@@ -633,7 +633,7 @@ def _triton_kernels():
 
     return _tl_spline_fwd, _tl_spline_bwd
 
-# %% ../nbs/01_splines.ipynb #efd2c4ee
+# %% ../nbs/01_splines.ipynb #d42fec0c
 class _TritonBackend:
     name = "triton"
     kernels = None
@@ -699,7 +699,7 @@ def _load_triton():
 
 _LOADERS["triton"] = _load_triton
 
-# %% ../nbs/01_splines.ipynb #a811f408
+# %% ../nbs/01_splines.ipynb #6aafe522
 class SplineFunction(torch.autograd.Function):
     "Evaluate splines `values` (S, K) on flat `x` viewed as (outer, S, inner); one backend does the work."
     @staticmethod
@@ -716,7 +716,7 @@ class SplineFunction(torch.autograd.Function):
         gx, gv = backend.backward(g.contiguous(), x, values, x_min, x_max, extrapolate, S, inner, need_x, need_v)
         return gx, (gv.to(values.dtype) if gv is not None else None), None, None, None, None, None, None
 
-# %% ../nbs/01_splines.ipynb #7a40114a
+# %% ../nbs/01_splines.ipynb #c959ddf8
 def _bank_layout(shape, values, index, dim):
     "(values2d, S, inner) for a bank evaluated on a tensor of `shape`."
     if values.dim() == 1: return values.unsqueeze(0), 1, 1
@@ -760,7 +760,7 @@ def spline_eval(
     y = SplineFunction.apply(xf, v2.to(cdt).contiguous(), x_min, x_max, extrapolate, S, inner, backend)
     return y.view(x.shape).to(x.dtype)
 
-# %% ../nbs/01_splines.ipynb #bbe6de49
+# %% ../nbs/01_splines.ipynb #ad1b4fd6
 def init_values(
     init,                 # "gelu" | "relu" | "identity" | "zeros" | "exp" | a float | a callable on the knots
     knots:torch.Tensor,   # (K,) knot positions
@@ -783,7 +783,7 @@ def init_values(
     if not torch.isfinite(v).all(): raise ValueError(f"init={init!r} gives non-finite values at the knots")
     return v
 
-# %% ../nbs/01_splines.ipynb #8d91e659
+# %% ../nbs/01_splines.ipynb #60153423
 class _SplineBase(nn.Module):
     def _setup(self, n_knots, x_min, x_max, extrapolate):
         _check_range(n_knots, float(x_min), float(x_max))
@@ -836,7 +836,7 @@ class SplineBank(_SplineBase):
 
     def extra_repr(self): return f"n_splines={self.n_splines}, " + super().extra_repr()
 
-# %% ../nbs/01_splines.ipynb #fd45ed04
+# %% ../nbs/01_splines.ipynb #19fecd52
 SPLINE_FORMAT = "spline_transformers.spline/v1"
 SPLINE_KINDS = ("LinearSpline", "SplineBank")
 
@@ -927,7 +927,7 @@ def load_spline(
     with torch.no_grad(): out.values.copy_(values.to(torch.float32))
     return out
 
-# %% ../nbs/01_splines.ipynb #9839de10
+# %% ../nbs/01_splines.ipynb #1d90952c
 def _save(self, path): return save_spline(self, path)
 
 @classmethod
@@ -940,7 +940,7 @@ _SplineBase.save = _save
 LinearSpline.load = _load_cls
 SplineBank.load = _load_cls
 
-# %% ../nbs/01_splines.ipynb #ba2cbd8c
+# %% ../nbs/01_splines.ipynb #d7b30645
 class ChebyshevApprox(nn.Module):
     "A Chebyshev series on [x_min, x_max], evaluated on clamp(x): a polynomial stand-in for a spline."
     def __init__(self, coeffs, x_min:float, x_max:float, max_error:float=float("nan"), rel_error:float=float("nan")):
@@ -991,10 +991,10 @@ def to_polynomial(
 
 LinearSpline.to_polynomial = lambda self, degree=24, samples=None: to_polynomial(self, degree, samples)
 
-# %% ../nbs/01_splines.ipynb #ace9cff3
+# %% ../nbs/01_splines.ipynb #0527d4dc
 import plotly.graph_objects as go
 
-# %% ../nbs/01_splines.ipynb #3e7c4c81
+# %% ../nbs/01_splines.ipynb #19c607b1
 REFERENCES = {"gelu": F.gelu, "relu": torch.relu, "identity": lambda x: x.clone(), "exp": torch.exp}
 
 def _reference(reference, x_max):
