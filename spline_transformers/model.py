@@ -9,7 +9,7 @@ __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'TransformerConfi
            'Nonlinearities', 'mlp_activation', 'MLP', 'make_norm', 'Block', 'Transformer', 'check_nonlinearities',
            'future_leak']
 
-# %% ../nbs/03_model.ipynb #afc62c2f
+# %% ../nbs/03_model.ipynb #d693eeaa
 import json
 import math
 from dataclasses import dataclass, asdict, fields, replace
@@ -22,16 +22,16 @@ import torch.nn.functional as F
 from safetensors.torch import save_file, load_file, safe_open
 from fastcore.basics import patch
 
-# %% ../nbs/03_model.ipynb #f82d27ba
+# %% ../nbs/03_model.ipynb #d0a9cc4a
 from .splines import LinearSpline, spline_eval, EXTRAPOLATIONS
 from .attention import SelfAttention, check_option, sinusoidal_positions, ATTN_FNS, POSITIONS
 
-# %% ../nbs/03_model.ipynb #66d5e21d
+# %% ../nbs/03_model.ipynb #d57ee683
 MLP_ACTS = ("gelu", "relu", "spline", "glu_spline", "swiglu")  # MLP activations a `Transformer` knows
 SHARINGS = ("shared", "per_layer", "ends")  # how splines are shared across layers
 NORMS = ("rmsnorm", "layernorm")  # normalisation layers
 
-# %% ../nbs/03_model.ipynb #9eaef1de
+# %% ../nbs/03_model.ipynb #cc632e14
 def _check_init(init, what):
     "An init must be a name, a number or a callable; names are checked by the spline module when it is built."
     if isinstance(init, bool) or not (isinstance(init, (str, int, float)) or callable(init)):
@@ -108,7 +108,7 @@ class TransformerConfig:
         if unknown: raise ValueError(f"unknown TransformerConfig fields {sorted(unknown)}; valid fields are {[f.name for f in fields(cls)]}")
         return cls(**d)
 
-# %% ../nbs/03_model.ipynb #8ac5da10
+# %% ../nbs/03_model.ipynb #aae86826
 def spline_layout(
     sharing:str, # "shared" | "per_layer" | "ends"
     n_layers:int, # number of transformer blocks
@@ -119,7 +119,7 @@ def spline_layout(
     if sharing == "per_layer" or n_layers <= 2: return list(range(n_layers))
     return [0] + [1] * (n_layers - 2) + [2]
 
-# %% ../nbs/03_model.ipynb #ff421c18
+# %% ../nbs/03_model.ipynb #f0a2d7b7
 def _nearest_layer(l:int, n_new:int, n_old:int)->int:
     "The old layer at the relative depth of new layer `l` (round half down)."
     if n_new == 1 or n_old == 1: return 0
@@ -134,14 +134,14 @@ def _spline_settings(cfg:TransformerConfig, kind:str)->Optional[dict]:
     R = float(cfg.attn_spline_range or cfg.spline_range)
     return dict(n_knots=cfg.attn_n_knots or cfg.n_knots, x_min=-R, x_max=R, init=cfg.attn_init, extrapolate=cfg.extrapolate)
 
-# %% ../nbs/03_model.ipynb #f577bb0d
+# %% ../nbs/03_model.ipynb #9a3b7d05
 class FixedSpline:
     "A linear spline evaluated with the given values (e.g. detached ones); exposes what the fused attention kernel reads."
     def __init__(self, values:torch.Tensor, x_min:float, x_max:float, extrapolate:str="constant"):
         self.values, self.x_min, self.x_max, self.extrapolate = values, x_min, x_max, extrapolate
     def __call__(self, x:torch.Tensor)->torch.Tensor: return spline_eval(x, self.values, self.x_min, self.x_max, self.extrapolate)
 
-# %% ../nbs/03_model.ipynb #3454474f
+# %% ../nbs/03_model.ipynb #3e1d6805
 class Nonlinearities(nn.Module):
     "Every spline of a model: MLP activations and attention kernels, laid out over the layers by a sharing option."
     FORMAT = "spline_transformers.Nonlinearities/1"
@@ -206,7 +206,7 @@ class Nonlinearities(nn.Module):
     def extra_repr(self):
         return f"n_layers={self.n_layers}, sharing={self.sharing!r}, mlp splines={len(self.mlp)}, attention splines={len(self.attn)}"
 
-# %% ../nbs/03_model.ipynb #01e2f1a4
+# %% ../nbs/03_model.ipynb #3c4901fb
 def _settings_json(s:Optional[dict])->Optional[dict]:
     "Spline settings with a callable init written as its name (JSON cannot hold a function)."
     if s is None: return None
@@ -214,7 +214,7 @@ def _settings_json(s:Optional[dict])->Optional[dict]:
     if callable(s.get("init")): s["init"] = getattr(s["init"], "__name__", "callable")
     return s
 
-# %% ../nbs/03_model.ipynb #12e3908e
+# %% ../nbs/03_model.ipynb #bcd0e2bf
 def _values(splines:nn.ModuleList)->list:
     return [s.values.detach().cpu().float().contiguous() for s in splines]
 
@@ -232,7 +232,7 @@ def save(self:Nonlinearities, path)->Path:
     path.with_suffix(".json").write_text(json.dumps(self.config(), indent=2))
     return path
 
-# %% ../nbs/03_model.ipynb #a7abd53b
+# %% ../nbs/03_model.ipynb #50dcde7b
 def _check_saved_config(c, path):
     "Raise a clear error if a saved config is not one `Nonlinearities` can rebuild."
     if not isinstance(c, dict) or c.get("format") != Nonlinearities.FORMAT:
@@ -274,7 +274,7 @@ def _settings_for_build(s):
     if isinstance(s.get("init"), str) and s["init"] not in ("gelu", "relu", "identity", "zeros", "exp"): s["init"] = "zeros"
     return s
 
-# %% ../nbs/03_model.ipynb #368a7e89
+# %% ../nbs/03_model.ipynb #efc09cf5
 @patch
 @torch.no_grad()
 def for_depth(self:Nonlinearities, n_layers:int)->Nonlinearities:
@@ -296,7 +296,7 @@ def _ends_map(n_new:int, n_old:int)->list:
     if n_new == 2: return [0, last]
     return [0, 1 if n_old == 3 else 0, last]
 
-# %% ../nbs/03_model.ipynb #9285f523
+# %% ../nbs/03_model.ipynb #cee90324
 GATED = ("glu_spline", "swiglu")
 
 def mlp_activation(
@@ -311,7 +311,7 @@ def mlp_activation(
     gate, up = h.chunk(2, dim=-1)
     return (phi(gate) if mlp_act == "glu_spline" else F.silu(gate)) * up
 
-# %% ../nbs/03_model.ipynb #7b3c70e3
+# %% ../nbs/03_model.ipynb #5709a66d
 class MLP(nn.Module):
     "The position-wise MLP of a block, with a pluggable activation."
     def __init__(self, cfg:TransformerConfig):
@@ -323,7 +323,7 @@ class MLP(nn.Module):
     def forward(self, x, phi=None):
         return F.dropout(self.proj(mlp_activation(self.fc(x), self.mlp_act, phi)), self.dropout, self.training)
 
-# %% ../nbs/03_model.ipynb #0fb62066
+# %% ../nbs/03_model.ipynb #a94df479
 def make_norm(cfg:TransformerConfig)->nn.Module:
     "The normalisation layer named by `cfg.norm`."
     return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -343,7 +343,7 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), a_phi, padding_mask)
         return x + self.mlp(self.norm2(x), m_phi)
 
-# %% ../nbs/03_model.ipynb #e7828b25
+# %% ../nbs/03_model.ipynb #b3955108
 DETACH = (None, "nonlinearities", "weights")  # what `forward(..., detach=)` can hold fixed
 
 class Transformer(nn.Module):
@@ -401,7 +401,7 @@ class Transformer(nn.Module):
         for block in self.blocks: x = block(x, self.nonlinearities, padding_mask, detach == "nonlinearities")
         return self.lm_head(self.norm_f(x))
 
-# %% ../nbs/03_model.ipynb #6a5987ad
+# %% ../nbs/03_model.ipynb #d925206c
 def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlinearities:
     "Return `nl` if a model built from `cfg` can use it, else raise an error that says what does not match."
     if not isinstance(nl, Nonlinearities): raise TypeError(f"expected Nonlinearities, got {type(nl).__name__}")
@@ -418,7 +418,7 @@ def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlineariti
                 raise ValueError(f"{what} spline mismatch: the nonlinearities have {key}={have[key]!r}, the config says {want[key]!r}")
     return nl
 
-# %% ../nbs/03_model.ipynb #1d0ccc72
+# %% ../nbs/03_model.ipynb #eff352e0
 @patch
 def weight_named_parameters(self:Transformer):
     "(name, parameter) for every weight, splines excluded (a tied embedding appears once)."
@@ -460,7 +460,7 @@ def summary(self:Transformer)->str:
 @patch
 def __repr__(self:Transformer)->str: return self.summary()
 
-# %% ../nbs/03_model.ipynb #661d434b
+# %% ../nbs/03_model.ipynb #c6c707b7
 @patch
 def load_nonlinearities(self:Transformer,
                         source, # a Nonlinearities module or a path written by `Nonlinearities.save`
@@ -474,7 +474,7 @@ def load_nonlinearities(self:Transformer,
     if freeze: self.nonlinearities.freeze()
     return self
 
-# %% ../nbs/03_model.ipynb #044e5add
+# %% ../nbs/03_model.ipynb #2a5562b6
 @patch
 @torch.no_grad()
 def generate(self:Transformer,
@@ -504,7 +504,7 @@ def generate(self:Transformer,
     self.train(was_training)
     return idx[0] if squeeze else idx
 
-# %% ../nbs/03_model.ipynb #9d9b8656
+# %% ../nbs/03_model.ipynb #cd69c170
 def future_leak(model:Transformer, T:int=8, pos:int=5, seed:int=0)->float:
     "Largest change of the logits before position `pos` when the tokens from `pos` on are replaced (0 if causal)."
     g = torch.Generator().manual_seed(seed)
