@@ -19,10 +19,10 @@ from spline_transformers.tasks import get_task
 from spline_transformers.two_phase import phase1, Phase1Config, load_phase1, transfer, arch_for
 
 TASK = "--task add --task-param n_digits=3 --task-param ood_digits=[4,5]"
-PHASE1 = f"phase1 {TASK} --n-models 3 --steps 6 --eval-every 3 --eval-examples 32 --backend gloo --device cpu --timeout 30"
-TRANSFER = f"transfer {TASK} --seeds 0,1 --steps 4 --eval-every 4 --eval-examples 32 --backend gloo --device cpu --timeout 30"
+PHASE1 = f"phase1 {TASK} --n-models 3 --steps 6 --eval-every 3 --eval-examples 32 --backend gloo --device cpu --timeout 120"
+TRANSFER = f"transfer {TASK} --seeds 0,1 --steps 4 --eval-every 4 --eval-examples 32 --backend gloo --device cpu --timeout 120"
 TOL = 1e-5
-JOB_TIMEOUT = 150  # seconds before a job (and every process it started) is killed
+JOB_TIMEOUT = 300  # seconds before a job (and every process it started) is killed; generous: shared CI machines are slow
 
 
 def _args(s): return shlex.split(s)
@@ -69,7 +69,7 @@ def test_killed_rank_stops_the_job_and_resume_finishes_the_run(tmp_path, referen
     args = f"{PHASE1} --checkpoint-dir {ck} --checkpoint-every 2 --out {out}"
     r, wall = _run(args, env={FAULT_ENV: "rank=1,step=4"})   # rank 1 is SIGKILLed at step 4, after the step-2 checkpoint
     assert r.returncode != 0, "the job must fail when a rank dies"
-    assert wall < JOB_TIMEOUT - 10, "the job must stop by itself, not by the test's timeout"
+    assert wall < JOB_TIMEOUT - 10, f"the job must stop by itself, not by the test's timeout\n{r.stderr[-6000:]}"
     assert "SIGKILL" in r.stderr or "Signal 9" in r.stderr, r.stderr[-3000:]   # torchrun names the dead rank
     assert not out.exists()
     assert (rank_checkpoint_dir(ck, 0, 2) / "step-00000002.safetensors").is_file()
@@ -128,3 +128,38 @@ def test_one_process_without_torchrun(tmp_path):
     assert agreed_resume(tmp_path, True, info).name == "step-00000004.safetensors"
     (rank_checkpoint_dir(tmp_path, 0, 2)).mkdir(); (rank_checkpoint_dir(tmp_path, 0, 2) / "step-00000002.safetensors").write_bytes(b"x")
     with pytest.raises(ValueError, match="job with 2 ranks"): agreed_resume(tmp_path, True, info)
+
+
+def test_transfer_resume_reads_finished_cells(tmp_path, monkeypatch):
+    "A finished cell's CSV is read back on resume, not trained again; without resume it is trained."
+    import spline_transformers.distributed as D
+    from spline_transformers.two_phase import TransferCell
+    cell = TransferCell("s", "add", 1)
+    df = pd.DataFrame(dict(step=[4], model=["s"], seed=[1], split=["test"], metric=["loss"], value=[0.25], target=["add"]))
+    D.atomic_write_bytes(D.cell_file(tmp_path, cell), df.to_csv(index=False).encode())
+    def boom(*a, **k): raise AssertionError("run_cell must not be called for a finished cell")
+    monkeypatch.setattr(D, "run_cell", boom)
+    back = D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=True)
+    assert back.to_dict("records") == df.to_dict("records")
+    with pytest.raises(AssertionError, match="must not be called"): D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=None)
+
+
+CLI_PHASE1 = (f"phase1 {TASK} --n-models 3 --model-seeds 0,1,2 --steps 6 --eval-every 3 --eval-examples 32 --d-model 32 "
+              "--n-layers 1 --n-heads 2 --n-knots 16 --backend gloo --device cpu --timeout 120 --no-progress")
+
+
+def test_cli_phase1_under_torchrun_matches_one_process(tmp_path):
+    "The real entry point: `torchrun ... -m spline_transformers.cli phase1` on 2 ranks against the same command in one process."
+    from spline_transformers.cli import main as cli_main
+    t0 = time.perf_counter()
+    r = launch(_args(f"{CLI_PHASE1} --out {tmp_path / 'dist'}"), nproc_per_node=2, timeout=JOB_TIMEOUT, module="spline_transformers.cli")
+    print(f"\n[cli phase1] 2-rank torchrun job: {time.perf_counter() - t0:.1f} s wall, exit code {r.returncode}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    torch.set_num_threads(1)
+    assert cli_main(_args(f"{CLI_PHASE1} --out {tmp_path / 'one'}")) == 0
+    one, got = load_phase1(tmp_path / "one"), load_phase1(tmp_path / "dist")
+    assert got.cost["world_size"] == 2 and got.cost["n_models"] == 3
+    assert _max_diff(one.nonlinearities, got.nonlinearities) < TOL
+    assert got.best_step == one.best_step and _max_diff(one.best, got.best) < TOL
+    assert _same_metrics(one.metrics, got.metrics) < TOL
+    assert (tmp_path / "dist" / "report.html").is_file()
