@@ -460,7 +460,19 @@ def summary(self:Transformer)->str:
 @patch
 def __repr__(self:Transformer)->str: return self.summary()
 
-# %% ../nbs/03_model.ipynb #c6c707b7
+# %% ../nbs/03_model.ipynb #aa5b4e5f
+@patch
+def record_attention_stats(self:Transformer, on:bool=True)->Transformer:
+    "Make every spline-attention layer keep its diagnostics after each forward (costs a little); returns self."
+    for b in self.blocks: b.attn.record_stats = on
+    return self
+
+@patch
+def attention_stats(self:Transformer)->list:
+    "Per layer, the last diagnostics dict of its spline attention (None where nothing was recorded)."
+    return [b.attn.last_stats for b in self.blocks]
+
+# %% ../nbs/03_model.ipynb #1c8f4035
 @patch
 def load_nonlinearities(self:Transformer,
                         source, # a Nonlinearities module or a path written by `Nonlinearities.save`
@@ -474,7 +486,7 @@ def load_nonlinearities(self:Transformer,
     if freeze: self.nonlinearities.freeze()
     return self
 
-# %% ../nbs/03_model.ipynb #2a5562b6
+# %% ../nbs/03_model.ipynb #d7268d64
 @patch
 @torch.no_grad()
 def generate(self:Transformer,
@@ -504,7 +516,7 @@ def generate(self:Transformer,
     self.train(was_training)
     return idx[0] if squeeze else idx
 
-# %% ../nbs/03_model.ipynb #cd69c170
+# %% ../nbs/03_model.ipynb #c7c687a8
 def future_leak(model:Transformer, T:int=8, pos:int=5, seed:int=0)->float:
     "Largest change of the logits before position `pos` when the tokens from `pos` on are replaced (0 if causal)."
     g = torch.Generator().manual_seed(seed)
