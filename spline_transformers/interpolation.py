@@ -398,7 +398,7 @@ class ExactInterpolator(nn.Module):
     def extra_repr(self):
         return f"d={self.d}, attention={self.attention!r}, tau={self.tau}, n_blocks={self.n_blocks}, n_params={self.n_params}"
 
-# %% ../nbs/20_interpolation.ipynb #879ac540
+# %% ../nbs/20_interpolation.ipynb #ecd8e320
 class _Builder:
     "Designs the blocks one after another from the current token positions (see the chapter for the stages)."
     def __init__(self, X, Y, scale, attention, tau, mode, seed, stats=False):
@@ -628,12 +628,27 @@ class _Builder:
         hit = _min_cross_distance(P.numpy(), np.asarray(targets))
         if not hit > self.tol:   # the leaders and sphere points were placed away from every target
             raise ConstructionError("an output point that has not been moved yet coincides with a target")
-        for r, y in enumerate(targets):
-            Pn = P.numpy()
-            u, s, delta = self.hat_direction(Pn, r, pool=pool)
+        order = np.argsort(-np.linalg.norm(P.numpy(), axis=1), kind="stable")   # farthest first (see below)
+        for r in order:
+            Pn, y = P.numpy(), targets[r]
+            u, s, delta = self.one_sided_direction(Pn, r, pool)
             ff = _hat_ff(d, u, s, delta, y - Pn[r], None, "interpolation")
             with torch.no_grad(): P = ff(P)
             self.blocks.append(Block(ff, SelfAttention(d, self.attention, self.tau, stage="interpolation"), "interpolation"))
+
+    def one_sided_direction(self, P, i, pool):
+        "Like `hat_direction`, but prefer a direction in which P[i] is the strict maximum: then no other point is on the hat's right flank."
+        p = P[i]; others = np.linalg.norm(P - p, axis=1) > self.tol
+        if not others.any(): return self.hat_direction(P, i, pool=pool)
+        cand = np.vstack([pool, p / max(np.linalg.norm(p), 1e-300)])
+        proj = P[others] @ cand.T; sp = p @ cand.T
+        right = sp - proj.max(0)                     # > 0: p is the strict maximum along that direction
+        if not (right > 0).any(): return self.hat_direction(P, i, pool=pool)
+        u = cand[int(np.argmax(np.where(right > 0, right, -np.inf)))]
+        t = self.Z.new_tensor(P) @ torch.from_numpy(u)
+        s = float(t[i]); gap = float((s - t[torch.from_numpy(others)]).min())
+        if not gap > 1e-13 * self.scale: return self.hat_direction(P, i, pool=pool)
+        return u, s, 0.5 * gap
 
     # -- tau bound statistics ---------------------------------------------------------------------------
     def score_gap(self, sa):
