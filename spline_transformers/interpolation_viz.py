@@ -181,7 +181,7 @@ def hardmax_vs_softmax_figure(
     fig.update_layout(height=360, margin=dict(t=60, b=30))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #eade7abc
+# %% ../nbs/21_interpolation_theory.ipynb #a28a2e2f
 def resnet_reference_params(n:int, d:int, N:int)->int:
     "N width-one residual layers x + w relu(u.x + b) on flattened sequences in R^(d n): N (2 d n + 1) parameters."
     return N * (2 * d * n + 1)
@@ -201,7 +201,7 @@ def params_vs_length_figure(
                       title=f"Parameters against input length (N = {N}, d = {d})", height=400, legend=dict(x=0.02, y=0.98))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #02c031fe
+# %% ../nbs/21_interpolation_theory.ipynb #50708c0f
 class TikhonovStudent(torch.nn.Module):
     "The authors' one-block student: attention (one head, full V, softmax at temperature tau) then a width-4 feed-forward layer."
     def __init__(self, d:int, width:int=4, tau:float=1.0, seed:int=0):
@@ -258,7 +258,7 @@ def tikhonov_figure(histories:dict, norm2:float)->go.Figure:
     fig.update_layout(height=400, legend=dict(orientation="h", y=-0.2))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #7a704580
+# %% ../nbs/21_interpolation_theory.ipynb #7fdec863
 def hausdorff_sq(P:torch.Tensor, Q:torch.Tensor)->torch.Tensor:
     "Differentiable squared Hausdorff distance between point sets P (n, d) and Q (m, d)."
     D = ((P[:, None, :] - Q[None, :, :]) ** 2).sum(-1)
