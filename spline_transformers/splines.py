@@ -558,7 +558,7 @@ def _load_cpp():
 
 _LOADERS["cpp"] = _load_cpp
 
-# %% ../nbs/01_splines.ipynb #93fcd084
+# %% ../nbs/01_splines.ipynb #11ad27dc
 def _triton_kernels():
     "Define the Triton kernels (imports triton lazily; Triton resolves names in module globals, hence `global`)."
     global triton, tl, _tl_locate, _tl_spline_fwd, _tl_spline_bwd
@@ -596,14 +596,18 @@ def _triton_kernels():
     @triton.jit
     def _tl_spline_bwd(g_ptr, x_ptr, v_ptr, gx_ptr, part_ptr, L, S, x_min, inv_h,
                    K: tl.constexpr, KP: tl.constexpr, LINEAR: tl.constexpr, NEED_X: tl.constexpr,
-                   NEED_V: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+                   NEED_V: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, ACC64: tl.constexpr):
         r = tl.program_id(0)
         c = tl.program_id(1)
         base = r.to(tl.int64) * L
         vs = v_ptr + (r % S) * K
         kk = tl.arange(0, KP)
-        acc_t = tl.zeros([KP], dtype=tl.float32 if x_ptr.dtype.element_ty != tl.float64 else tl.float64)
-        acc_r = tl.zeros([KP], dtype=tl.float32 if x_ptr.dtype.element_ty != tl.float64 else tl.float64)
+        if ACC64:
+            acc_t = tl.zeros([KP], dtype=tl.float64)
+            acc_r = tl.zeros([KP], dtype=tl.float64)
+        else:
+            acc_t = tl.zeros([KP], dtype=tl.float32)
+            acc_r = tl.zeros([KP], dtype=tl.float32)
         for tile in range(TILES):
             offs = (c * TILES + tile) * BLOCK + tl.arange(0, BLOCK)
             m = offs < L
@@ -633,7 +637,7 @@ def _triton_kernels():
 
     return _tl_spline_fwd, _tl_spline_bwd
 
-# %% ../nbs/01_splines.ipynb #d42fec0c
+# %% ../nbs/01_splines.ipynb #1e5a7ff0
 class _TritonBackend:
     name = "triton"
     kernels = None
@@ -678,7 +682,7 @@ class _TritonBackend:
         part = torch.empty((R, nb, 2, KP), dtype=acc, device=x.device) if need_v else rows
         bwd[(R, nb)](grows, rows, values, gx, part, L, S_, x_min, (K - 1) / (x_max - x_min),
                      K=K, KP=KP, LINEAR=extrapolate == "linear", NEED_X=need_x, NEED_V=need_v,
-                     BLOCK=block, TILES=tiles)
+                     BLOCK=block, TILES=tiles, ACC64=acc == torch.float64)
         gv = None
         if need_v:
             sums = part.sum(1).view(R // S_, S_, 2, KP).sum(0)[..., :K]
