@@ -216,7 +216,7 @@ class LiveFigure(go.FigureWidget):
         if getattr(self, "_hold_open", False): return
         super().open()
 
-# %% ../nbs/30_widgets.ipynb #1e4dae84
+# %% ../nbs/30_widgets.ipynb #3c50e570
 class SplineEditor:
     "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
     def __init__(self,
@@ -256,7 +256,7 @@ class SplineEditor:
         self.effect_fig, self.effect_text = None, W.HTML()
         self._effect = Throttle(self._run_effect, throttle)
         self._sync_sliders(0)
-        if effect is not None: self._run_effect()
+        if effect is not None: self._effect()      # the first run goes through the throttle (it starts the clock)
         self._set_status("drag a knot, or pick one with the slider")
         self.widget = W.VBox([self.picker, self.fig, W.HBox([self.knot_slider, self.value_slider]),
                               W.HBox([W.Label("reset to:")] + [b for n, b in self.buttons.items() if n != "undo"] + [self.buttons["undo"]]),
@@ -328,7 +328,7 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
         self.knot_slider.value = k
     finally: self._quiet = was
 
-# %% ../nbs/30_widgets.ipynb #c175402a
+# %% ../nbs/30_widgets.ipynb #5bcba19e
 @patch
 def _on_knot(self:SplineEditor, k):
     if self._quiet: return
@@ -377,7 +377,9 @@ def move_slider(self:SplineEditor,
                 y:float):   # new value (the value slider)
     "Do what moving the knot slider to `k` and the value slider to `y` does."
     self.knot_slider.value = k
-    self.value_slider.value = y
+    sl = self.value_slider
+    sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
+    sl.value = y
 
 # %% ../nbs/30_widgets.ipynb #990fb540
 RESETS = REFERENCES[:4] + ("learned",)

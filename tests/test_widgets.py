@@ -1,0 +1,170 @@
+"""Python-level behaviour of the widgets (no browser): sliders and knot drags write into the module's values and the
+figure, reset/undo restore them, the effect panel follows, the collapse animation and the training monitor."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spline_transformers.splines import LinearSpline, SplineBank
+from spline_transformers.widgets import (SplineEditor, find_splines, static_editor_html, spline_figure, random_dataset,
+                                         collapse_figure, CollapsePlayer, TrainingMonitor, Throttle, has_widget_frontend,
+                                         LiveFigure, ENV_WIDGETS)
+from spline_transformers.interpolation import build_interpolator
+
+
+@pytest.fixture
+def spline():
+    return LinearSpline(12, -3.0, 3.0, init="gelu")
+
+
+def test_slider_writes_into_the_module_in_place(spline):
+    ed = SplineEditor(spline)
+    ptr, param = spline.values.data_ptr(), spline.values
+    ed.move_slider(4, 1.25)
+    assert spline.values is param and spline.values.data_ptr() == ptr          # same tensor, edited in place
+    assert spline.values[4].item() == 1.25
+    assert ed.fig.data[1].y[4] == 1.25 and ed.fig.layout.shapes[4].yanchor == 1.25
+    assert ed.fig.data[2].x[0] == pytest.approx(spline.knots[4].item())       # the selected-knot marker follows
+    assert spline(spline.knots[4:5]).item() == pytest.approx(1.25)             # the function changed
+
+
+def test_drag_snaps_back_and_selects_the_knot(spline):
+    ed = SplineEditor(spline)
+    ed.drag_knot(7, -2.0, dx=0.4)
+    assert spline.values[7].item() == -2.0
+    assert ed.fig.layout.shapes[7].xanchor == pytest.approx(spline.knots[7].item())
+    assert (ed.knot_slider.value, ed.value_slider.value) == (7, -2.0)
+    assert ed.value_slider.min <= -2.0 <= ed.value_slider.max
+
+
+def test_undo_and_resets(spline):
+    v0 = spline.values.detach().clone()
+    ed = SplineEditor(spline)
+    ed.move_slider(2, 3.0); ed.move_slider(2, 4.0)        # one gesture, one undo step
+    ed.drag_knot(5, 1.0)
+    assert len(ed.history) == 2
+    ed.reset("relu")
+    assert torch.allclose(spline.values.detach(), torch.relu(spline.knots))
+    ed.reset("exp")
+    assert spline.values[-1].item() == pytest.approx(1.0)
+    ed.undo(); assert torch.allclose(spline.values.detach(), torch.relu(spline.knots))
+    ed.reset("learned"); assert torch.equal(spline.values.detach(), v0)
+    while ed.undo(): pass
+    assert torch.equal(spline.values.detach(), v0)
+    assert list(ed.fig.data[1].y) == pytest.approx(v0.tolist())
+    with pytest.raises(ValueError, match="pick one of"): ed.reset("tanh")
+    with pytest.raises(ValueError, match="finite"): ed.set_values({0: math.nan})
+    with pytest.raises(IndexError, match="out of range"): ed.set_values({99: 1.0})
+
+
+def test_slider_echo_is_ignored(spline):
+    "The browser rounds the slider to its step and sends the value back: that must not edit the spline."
+    ed = SplineEditor(spline)
+    ed.move_slider(9, 0.123456)
+    n = len(ed.history)
+    ed.value_slider.value = 0.12                  # what a step-0.01 slider echoes
+    assert spline.values[9].item() == pytest.approx(0.123456) and len(ed.history) == n
+
+
+def test_effect_runs_after_edits_and_is_throttled(spline):
+    x = torch.linspace(-3, 3, 50)
+    ed = SplineEditor(spline, effect=lambda: {"mean": spline(x).mean()}, throttle=0)
+    m0 = ed.last_effect["mean"].item()
+    ed.move_slider(6, 5.0)
+    assert ed.last_effect["mean"].item() > m0 and "mean" in ed.effect_text.value
+    assert ed.effect_fig.data[0].y[0] == pytest.approx(ed.last_effect["mean"].item())
+    slow = SplineEditor(LinearSpline(8, -1, 1), effect=lambda: np.ones((3, 3)), throttle=30)
+    runs = slow.n_effect_runs
+    for k in range(5): slow.move_slider(k, 1.0 + k)
+    assert slow.n_effect_runs == runs              # throttled: still waiting
+    slow.flush(); assert slow.n_effect_runs == runs + 1
+    assert slow.effect_fig.data[0].type == "heatmap"
+
+
+def test_effect_errors_are_shown_not_raised(spline):
+    ed = SplineEditor(spline, effect=lambda: 1 / 0, throttle=0)
+    ed.move_slider(1, 0.5)
+    assert "ZeroDivisionError" in ed.effect_text.value and spline.values[1].item() == 0.5
+
+
+def test_banks_and_models():
+    bank = SplineBank(2, 8, -2, 2)
+    ed = SplineEditor(bank)
+    ed.select("spline[1]"); ed.move_slider(3, 9.0)
+    assert bank.values[1, 3].item() == 9.0 and bank.values[0, 3].item() != 9.0
+    ed.select("spline[0]"); ed.undo()                # undo switches back to the spline it edits
+    assert ed.name == "spline[1]" and bank.values[1, 3].item() != 9.0
+    with pytest.raises(KeyError, match="no spline called"): ed.select("nope")
+    from spline_transformers.model import TransformerConfig, Transformer
+    cfg = TransformerConfig(vocab_size=11, n_layers=2, d_model=16, n_heads=2, max_len=8, mlp_act="spline", attn_fn="spline",
+                            mlp_init="gelu", attn_init="exp", pos="alibi")
+    model = Transformer(cfg)
+    refs = find_splines(model)
+    assert set(refs) == {"mlp.0", "attn.0"} and refs["attn.0"].reference == "exp"
+    tokens = torch.randint(0, 11, (2, 6))
+    before = model(tokens).detach()
+    med = SplineEditor(model); med.select("mlp.0"); med.reset("identity")
+    assert not torch.allclose(model(tokens), before)
+    med.undo(); assert torch.allclose(model(tokens), before)
+
+
+def test_static_html_and_mimebundle(spline):
+    ed = SplineEditor(spline)
+    b = ed._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in b and "text/html" in b
+    assert "shapePosition" in b["text/html"] and "plotly_relayout" in b["text/html"] and "Offline version" in b["text/html"]
+    assert ed.fig._widget_data[1]["y"] is not None     # the widget state carries the data
+
+
+def test_livefigure_opens_with_its_data():
+    f = LiveFigure(spline_figure(find_splines(LinearSpline(4, -1, 1))["spline"]))
+    assert len(f._widget_data) == 3 and len(f._widget_layout["shapes"]) == 4 and f.comm is not None
+
+
+def test_collapse_animation():
+    X, Y = random_dataset(N=2, n=4, m=2, d=2, seed=3)
+    T = build_interpolator(X, Y)
+    fig = collapse_figure(T, X, Y)
+    assert len(fig.frames) == T.n_blocks + 1 and fig.layout.updatemenus[0].buttons[0].method == "animate"
+    assert len(fig.layout.sliders[0].steps) == len(fig.frames)
+    assert fig.layout.meta["stages"][-1] == "interpolation"
+    last = fig.frames[-1].data
+    for j, y in enumerate(Y):                           # every token of the last frame sits on a target
+        pts = np.concatenate([np.c_[last[j].x, last[j].y], np.c_[last[2 + j].x, last[2 + j].y]])
+        assert np.abs(pts[:, None] - y[None]).sum(-1).min(1).max() < 1e-6
+    with pytest.raises(ValueError, match="d must be >= 2"): random_dataset(d=1)
+    with pytest.raises(ValueError, match="1 <= m <= n"): random_dataset(n=2, m=3)
+
+
+def test_collapse_player_rebuilds():
+    p = CollapsePlayer(N=2, n=3, m=1, seed=0)
+    p.rebuild(N=3, d=4)
+    assert len(p.X) == 3 and p.X[0].shape[1] == 4 and p.fig.layout.xaxis.title.text == "PC 1"
+    with pytest.raises(KeyError, match="unknown control"): p.rebuild(q=1)
+    assert "text/html" in p._repr_mimebundle_()
+
+
+def test_training_monitor_modes(monkeypatch, capsys):
+    monkeypatch.setenv(ENV_WIDGETS, "0")
+    assert not has_widget_frontend()
+    with TrainingMonitor(total=5) as m:
+        for s in range(5): m(s, loss=torch.tensor(1.0 / (s + 1)))
+    assert not m.live and len(m.history) == 5 and m.history[-1]["loss"] == pytest.approx(0.2)
+    monkeypatch.setenv(ENV_WIDGETS, "1")
+    live = TrainingMonitor(total=4, show=False, throttle=0)
+    assert live.live
+    live({"step": 0, "loss": 2.0}); live(1, {"loss": 1.0, "token_acc": 0.5})
+    assert live.fig.data[0].y == (2.0, 1.0) and live.progress.value == 2
+    with pytest.raises(TypeError, match="call the monitor as"): live(1, 2, 3)
+
+
+def test_throttle_trailing_call():
+    import time
+    calls = []
+    th = Throttle(lambda: calls.append(1), interval=0.1)
+    th(); th(); th()
+    assert len(calls) == 1
+    time.sleep(0.3)
+    assert len(calls) == 2
