@@ -209,3 +209,34 @@ def test_static_editor_drags_offline(browser, tmp_path):
         assert not errors, errors
         assert not outside, outside
         page.context.close()
+
+
+def test_chapter_outputs_work_offline(browser, tmp_path):
+    "The chapter as the site shows it: execute it (no frontend), put every text/html output in one page with a local"
+    " plotly.js; every figure draws, no page errors, nothing leaves the machine, Play advances the collapse animation."
+    import plotly
+    import nbdev.test as nbt
+    nb = tmp_path / CHAPTER.name
+    shutil.copy2(CHAPTER, nb)
+    ok, _ = nbt.test_nb(nb, skip_flags=["slow", "gpu"], basepath=str(ROOT), save=True)
+    assert ok, "the chapter failed to execute"
+    cells = json.loads(nb.read_text())["cells"]
+    html = [o["data"]["text/html"] for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])
+            if "text/html" in o.get("data", {})]
+    html = ["".join(h) if isinstance(h, list) else h for h in html]
+    assert any("spline-editor-static" in h for h in html) and any("Plotly.addFrames" in h for h in html)
+    shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", tmp_path / "plotly.min.js")
+    (tmp_path / "index.html").write_text('<!doctype html><html><head><meta charset="utf-8"><script src="plotly.min.js"></script>'
+                                          "</head><body>" + "\n".join(f"<div class='out'>{h}</div>" for h in html) + "</body></html>")
+    n_plots = sum(h.count("Plotly.newPlot(") for h in html)
+    with serve(tmp_path) as base:
+        page, outside, errors = _open(browser, f"{base}/index.html")
+        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_plots}", timeout=60_000)
+        anim = "[...document.querySelectorAll('.js-plotly-plot')].find(g => g._transitionData && g._transitionData._frames.length > 1)"
+        assert page.evaluate(f"() => {anim}._fullLayout.sliders[0].active") == 0
+        page.evaluate(f"() => {{ const b = {anim}.querySelector('.updatemenu-button'); b.scrollIntoView();"
+                      " b.dispatchEvent(new MouseEvent('click', {bubbles: true})); }")
+        page.wait_for_function(f"() => {anim}._fullLayout.sliders[0].active >= 2", timeout=30_000)
+        assert not errors, errors
+        assert not outside, outside
+        page.context.close()
