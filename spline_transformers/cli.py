@@ -13,9 +13,9 @@ from typing import Optional, Sequence
 
 # %% auto #0
 __all__ = ['INPUT_ERRORS', 'UsageError', 'check_device', 'parse_params', 'parse_ints', 'seed_list', 'check_data_names',
-           'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'arch_for_nonlinearities',
-           'quick_demo_config', 'format_table', 'cmd_demo', 'cmd_phase1', 'corpus_summary', 'cmd_phase2',
-           'cmd_transfer', 'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
+           'load_data', 'is_corpus', 'with_phase1_splits', 'arch_from_args', 'train_from_args',
+           'arch_for_nonlinearities', 'quick_demo_config', 'format_table', 'cmd_demo', 'cmd_phase1', 'corpus_summary',
+           'cmd_phase2', 'cmd_transfer', 'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #df104e09
 import pandas as pd
@@ -113,7 +113,7 @@ def _add_train_options(p:argparse.ArgumentParser, steps:int=800):
 def _add_out(p:argparse.ArgumentParser, default:str):
     p.add_argument("--out", default=default, help=f"results folder (default {default})")
 
-# %% ../nbs/09_cli.ipynb #5b7d3580
+# %% ../nbs/09_cli.ipynb #b44f87a2
 def check_data_names(a):
     "Raise a `UsageError` unless the options name exactly one valid task or corpus (checked before anything is loaded)."
     if (a.task is None) == (getattr(a, "corpus", None) is None):
@@ -136,6 +136,11 @@ def is_corpus(data)->bool:
     "True for a corpus (`TokenArrays`), False for an algorithmic task."
     return isinstance(data, TokenArrays)
 
+def with_phase1_splits(data):
+    "`data`, listing the corpus split aliases 'weights' and 'arch' (which `TokenArrays.batch` accepts) among its splits for Phase I."
+    if is_corpus(data) and "weights" not in data.splits: data.splits = tuple(data.splits) + ("weights", "arch")
+    return data
+
 def arch_from_args(a)->TransformerConfig:
     "The model the options describe (vocab_size and max_len are filled in from the data later)."
     return TransformerConfig(vocab_size=1, n_layers=a.n_layers, d_model=a.d_model, n_heads=a.n_heads, max_len=1, pos=a.pos,
@@ -157,7 +162,7 @@ def arch_for_nonlinearities(arch:TransformerConfig, nl:Nonlinearities)->Transfor
     if at and not m: ch.update(n_knots=int(at["n_knots"]), spline_range=float(at["x_max"]))
     return replace(arch, **ch)
 
-# %% ../nbs/09_cli.ipynb #4d268fd9
+# %% ../nbs/09_cli.ipynb #9cb5761f
 def quick_demo_config(device:str="cpu"):
     "A tiny `DemoConfig` (well under a minute on a CPU) that runs the whole demo pipeline; its numbers are not evidence."
     c = demo_config(device)
@@ -174,7 +179,8 @@ def format_table(result)->str:
     v = report.verdict(result.summary, result.config.threshold)
     lines = [f"Steps to {result.config.threshold:.0%} test sequence accuracy ({result.config.task}, evaluated every {result.config.train.eval_every} steps)",
              st.to_string(index=False),
-             f"median speed-up (standard / learned): {'not measurable' if math.isnan(sp) else f'{sp:.2f}x'}",
+             f"median speed-up (standard / learned): {'not measurable' if math.isnan(sp) else f'{sp:.2f}x'}"
+             + (" (the learned arm's median did not reach the threshold)" if not math.isfinite(float(s.loc['learned', 'median_steps'])) else ""),
              "final test seq acc: " + ", ".join(f"{m} {s.loc[m, 'final_test']:.3f}" for m in ("standard", "learned")),
              f"Phase I: {result.phase1.cost['n_models']} models, {result.phase1.cost['steps']} steps, {result.phase1.cost['wall_time_s']:.1f} s on {result.phase1.cost['device']}",
              v["text"]]
@@ -208,7 +214,7 @@ _state = {}  # the arguments `main` was called with
 def _command_line()->str:
     return "spline-transformers " + " ".join(shlex.quote(x) for x in _state.get("argv", []))
 
-# %% ../nbs/09_cli.ipynb #94dfe068
+# %% ../nbs/09_cli.ipynb #22af9631
 def _distributed()->bool:
     from spline_transformers.distributed import is_distributed
     return is_distributed()
@@ -216,7 +222,7 @@ def _distributed()->bool:
 def cmd_phase1(a)->int:
     "Phase I on a task or corpus: the learned nonlinearities, metrics and a report in --out."
     check_data_names(a); check_device(a.device)
-    data, arch = load_data(a), arch_from_args(a)
+    data, arch = with_phase1_splits(load_data(a)), arch_from_args(a)
     if a.mlp != "spline" and a.attn != "spline": raise UsageError("Phase I learns splines: keep --mlp spline and/or --attn spline")
     cfg = train_from_args(a)
     n = a.n_models or (len(a.model_seeds) if a.model_seeds else 4)

@@ -27,7 +27,7 @@ from plotly.subplots import make_subplots
 from .model import Nonlinearities
 from .viz import seed_band_figure
 
-# %% ../nbs/09a_report.ipynb #9a4f81da
+# %% ../nbs/09a_report.ipynb #e56c8d4b
 PAGE_STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; max-width: 1150px;
        margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
@@ -72,6 +72,7 @@ class Report:
 
     def figure(self, fig:go.Figure)->"Report":
         "Add a plotly figure; the first one carries plotly.js, the others reuse it."
+        fig = go.Figure(fig).update_layout(template="plotly_white")
         self.parts.append(pio.to_html(fig, include_plotlyjs=self.n_figures == 0, include_mathjax=False, full_html=False,
                                       config={"displaylogo": False, "responsive": True}))
         self.n_figures += 1; return self
@@ -122,7 +123,7 @@ def splines_figure(
     fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
     return fig
 
-# %% ../nbs/09a_report.ipynb #cc34f309
+# %% ../nbs/09a_report.ipynb #400334ca
 def _steps(v:float)->str:
     return "not reached" if not math.isfinite(v) else f"{v:.0f}"
 
@@ -144,7 +145,8 @@ def verdict(
     sp = float(a.get("speedup", math.nan))
     thr = f"{threshold:.0%} {metric}"
     facc = (f" Final {fin[6:]} accuracy: learned {a[fin]:.1%}, standard {r[fin]:.1%}." if fin else "")
-    reach = f"reached {thr} on {ra}/{n} seeds (median {_steps(a.median_steps)} steps), the standard transformer on {rr}/{int(r.seeds)} (median {_steps(r.median_steps)} steps)"
+    med = lambda v: f"median {v:.0f} steps" if math.isfinite(v) else "median not reached"
+    reach = f"reached {thr} on {ra}/{n} seeds ({med(a.median_steps)}), the standard transformer on {rr}/{int(r.seeds)} ({med(r.median_steps)})"
     if ra == 0 and rr == 0:
         better = fin is not None and a[fin] > r[fin] + 0.05
         if better: return {"helped": None, "speedup": sp, "text": f"Neither arm reached {thr} on any seed, so no speed-up could be measured; the learned nonlinearities ended with higher accuracy.{facc}"}

