@@ -7,28 +7,29 @@ Docs: https://spline-transformers.github.io/spline_transformers/viz.html.md"""
 # %% auto #0
 __all__ = ['BookRenderer', 'setup_plotly', 'seed_band_figure', 'matrix_heatmap']
 
-# %% ../nbs/00_viz.ipynb #c53da101
+# %% ../nbs/00_viz.ipynb #980c0051
 import json
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
 
-# %% ../nbs/00_viz.ipynb #4b91db3f
+# %% ../nbs/00_viz.ipynb #0e562f1e
 import numpy as np
 import pandas as pd
 
-# %% ../nbs/00_viz.ipynb #47171ea3
+# %% ../nbs/00_viz.ipynb #a3648bce
 class BookRenderer(MimetypeRenderer):
     "Render a figure as plotly JSON (for JupyterLab) and an HTML div that needs a page-level `plotly.js`."
     def __init__(self, config=None): self.config = dict(config or {})
     def to_mimebundle(self, fig_dict):
         html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
-                           config=self.config, validate=False)
+                           config=self.config, validate=False, auto_play=False)   # animations wait for Play
         fig = json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False))
-        return {"application/vnd.plotly.v1+json": {"data": fig["data"], "layout": fig.get("layout", {}), "config": self.config},
+        return {"application/vnd.plotly.v1+json": {"data": fig["data"], "layout": fig.get("layout", {}),
+                                                   "frames": fig.get("frames", []), "config": self.config},
                 "text/html": html}
 
-# %% ../nbs/00_viz.ipynb #91dcec06
+# %% ../nbs/00_viz.ipynb #7ae144a1
 def setup_plotly(
     template:str="plotly_white", # plotly template applied to every figure
 ):
@@ -38,7 +39,7 @@ def setup_plotly(
     pio.templates.default = template
     return pio.renderers.default
 
-# %% ../nbs/00_viz.ipynb #d59ce08a
+# %% ../nbs/00_viz.ipynb #aad499c5
 def seed_band_figure(
     df:pd.DataFrame, # tidy metrics: columns `x`, `y`, `group`, `seed` name them
     x:str="step", # column on the horizontal axis
@@ -65,7 +66,7 @@ def seed_band_figure(
                       margin=dict(l=50, r=20, t=50 if title else 20, b=40))
     return fig
 
-# %% ../nbs/00_viz.ipynb #bd7917ff
+# %% ../nbs/00_viz.ipynb #d69c0c66
 def matrix_heatmap(
     m, # 2-D array or DataFrame (its index and columns become the axis labels)
     title:str=None, # figure title

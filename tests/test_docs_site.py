@@ -76,7 +76,7 @@ def test_animations_play(site, browser):
     checked = 0
     with serve(site) as base:
         for p in pages(site):
-            if '"frames"' not in p.read_text(): continue
+            if 'Plotly.addFrames' not in p.read_text(): continue
             page, errors, _ = _visit(browser, f"{base}/{p.name}")
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=20000)
             for i in range(page.evaluate(ANIMATED + ".length")):
