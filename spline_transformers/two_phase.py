@@ -320,7 +320,7 @@ def compare(
         out["speedup"] = [_speedup(ref, a) for a in out.median_steps]
     return out
 
-# %% ../nbs/08_two_phase.ipynb #bdcaad94
+# %% ../nbs/08_two_phase.ipynb #3c457061
 @dataclass(frozen=True)
 class TransferCell:
     "One unit of the transfer matrix: train one fresh model on `target` with `source`'s nonlinearities (or the standard ones)."
@@ -352,6 +352,8 @@ def run_cell(
     "Train one model for `cell` and return its metrics with a `target` column."
     data = _target(targets, cell.target)
     cfg = replace(cfg or TrainConfig(), progress=False)
+    if cfg.checkpoint_dir is not None:   # every cell resumes from its own checkpoints, never another cell's
+        cfg = replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir) / f"{cell.source}--{cell.target}--seed{cell.seed}"))
     if cell.source == "standard": res = baseline(data, arch, cfg, seeds=[cell.seed], name="standard")
     else:
         if cell.source not in sources: raise KeyError(f"unknown source {cell.source!r}; sources are {sorted(sources)}")

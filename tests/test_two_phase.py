@@ -131,3 +131,15 @@ def test_transfer_cells_are_independent_units(task):
     tm = assemble_transfer(results[::-1], threshold=0.0)     # order does not matter
     assert list(tm.speedup.index) == ["standard", "add"] and sorted(tm.speedup.columns) == ["add", "copy"]
     assert tm.heatmap("final_id").data[0].z.shape == (2, 2)
+
+
+def test_transfer_cells_checkpoint_apart(task, tmp_path):
+    "Cells sharing one checkpoint_dir write their own folders, so they never collide."
+    from spline_transformers.train import list_checkpoints
+    cells = transfer_cells(["add"], ["add"], seeds=[0, 1])
+    src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    cfg = tcfg(steps=2, eval_examples=16, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    for c in cells: run_cell(c, {"add": src}, {"add": task}, ARCH, cfg)
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert folders == sorted(f"{c.source}--{c.target}--seed{c.seed}" for c in cells), folders
+    assert all(list_checkpoints(tmp_path / f) for f in folders)
