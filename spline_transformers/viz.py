@@ -66,7 +66,7 @@ def seed_band_figure(
                       margin=dict(l=50, r=20, t=50 if title else 20, b=40))
     return fig
 
-# %% ../nbs/00_viz.ipynb #d69c0c66
+# %% ../nbs/00_viz.ipynb #23c242f9
 def matrix_heatmap(
     m, # 2-D array or DataFrame (its index and columns become the axis labels)
     title:str=None, # figure title
@@ -77,8 +77,10 @@ def matrix_heatmap(
     zmid:float=None, # value at the centre of a diverging colour scale
 )->go.Figure:
     "A heatmap of `m` with the first row at the top and, optionally, each cell's value written in it."
+    shape = np.shape(m)
+    if len(shape) != 2 or 0 in shape:
+        raise ValueError(f"matrix_heatmap needs a non-empty 2-D matrix, got shape {shape}; reshape it or pass a DataFrame")
     df = m if isinstance(m, pd.DataFrame) else pd.DataFrame(np.asarray(m))
-    if df.ndim != 2 or df.size == 0: raise ValueError(f"matrix_heatmap needs a non-empty 2-D matrix, got shape {df.shape}")
     z = df.to_numpy(dtype=float)
     text = None if fmt is None else [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in z]
     fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in df.columns], y=[str(i) for i in df.index], text=text,
