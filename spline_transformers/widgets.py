@@ -16,7 +16,7 @@ __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_f
            'effect_traces', 'sync_figure_widget', 'random_dataset', 'collapse_figure', 'AnimationOutput',
            'CollapsePlayer', 'TrainingMonitor']
 
-# %% ../nbs/30_widgets.ipynb #0aff3a9c
+# %% ../nbs/30_widgets.ipynb #4fa62734
 import json
 from copy import deepcopy
 import numpy as np
@@ -29,6 +29,7 @@ import ipywidgets as W
 from IPython.display import display
 from fastcore.basics import patch
 from .splines import LinearSpline, SplineBank, init_values
+from .viz import BookRenderer
 
 # %% ../nbs/30_widgets.ipynb #583e82be
 ENV_WIDGETS = "SPLINE_TRANSFORMERS_WIDGETS"
@@ -590,17 +591,13 @@ def collapse_figure(
     fig.layout.meta = dict(stages=list(labels))
     return fig
 
-# %% ../nbs/30_widgets.ipynb #04170f3f
+# %% ../nbs/30_widgets.ipynb #ac0eb6c8
 class AnimationOutput:
     "Display a plotly figure with frames as plotly JSON (frames included, for JupyterLab) and an HTML div (for the site)."
     def __init__(self, fig:go.Figure): self.fig = fig
     def _repr_mimebundle_(self, include=None, exclude=None):
-        fig = json.loads(pio.to_json(self.fig, validate=False))
-        cfg = {"displaylogo": False, "responsive": True}
-        return {"application/vnd.plotly.v1+json": {**fig, "config": cfg},
-                "text/html": pio.to_html(self.fig, include_plotlyjs=False, include_mathjax=False, full_html=False,
-                                         auto_play=False, config=cfg, validate=False),
-                "text/plain": f"<animation: {len(self.fig.frames)} frames>"}
+        bundle = BookRenderer(config={"displaylogo": False, "responsive": True}).to_mimebundle(self.fig.to_dict())
+        return {**bundle, "text/plain": f"<animation: {len(self.fig.frames)} frames>"}
 
 class CollapsePlayer:
     "Build an exact interpolator for a random dataset and play its token trajectories; controls rebuild it live."
