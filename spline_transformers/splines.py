@@ -998,8 +998,9 @@ LinearSpline.to_polynomial = lambda self, degree=24, samples=None: to_polynomial
 # %% ../nbs/01_splines.ipynb #0527d4dc
 import plotly.graph_objects as go
 
-# %% ../nbs/01_splines.ipynb #19c607b1
-REFERENCES = {"gelu": F.gelu, "relu": torch.relu, "identity": lambda x: x.clone(), "exp": torch.exp}
+# %% ../nbs/01_splines.ipynb #6f31f79f
+REFERENCES = {"gelu": F.gelu, "relu": torch.relu, "identity": lambda x: x.clone(), "exp": torch.exp,
+              "zeros": torch.zeros_like}  # reference curves; "exp" is drawn as exp(x - x_max)
 
 def _reference(reference, x_max):
     "A (name, function) pair for a reference curve, or (None, None)."
@@ -1017,7 +1018,7 @@ def _spline_rows(spline):
 
 def plot_spline(
     spline,                  # a `LinearSpline` or `SplineBank`
-    reference="gelu",        # "gelu" | "relu" | "identity" | "exp" | None | a callable on tensors
+    reference="gelu",        # "gelu" | "relu" | "identity" | "exp" | "zeros" | None | a callable on tensors
     title:str|None=None,     # figure title
     n:int=2001,              # points per curve
 ) -> go.Figure:

@@ -16,7 +16,7 @@ __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_f
            'effect_traces', 'sync_figure_widget', 'random_dataset', 'collapse_figure', 'AnimationOutput',
            'CollapsePlayer', 'TrainingMonitor']
 
-# %% ../nbs/30_widgets.ipynb #4fa62734
+# %% ../nbs/30_widgets.ipynb #0a2a8a01
 import json
 from copy import deepcopy
 import numpy as np
@@ -28,7 +28,7 @@ import plotly.io as pio
 import ipywidgets as W
 from IPython.display import display
 from fastcore.basics import patch
-from .splines import LinearSpline, SplineBank, init_values
+from .splines import LinearSpline, SplineBank, init_values, _reference, REFERENCES as SPLINE_REFERENCES
 from .viz import BookRenderer
 
 # %% ../nbs/30_widgets.ipynb #583e82be
@@ -42,8 +42,8 @@ def has_widget_frontend()->bool:
     ip = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell" and getattr(ip, "kernel", None) is not None
 
-# %% ../nbs/30_widgets.ipynb #8bfd0df0
-REFERENCES = ("gelu", "relu", "identity", "exp", "zeros")
+# %% ../nbs/30_widgets.ipynb #106cf0d1
+REFERENCES = tuple(SPLINE_REFERENCES)   # the reference curves of `plot_spline`: gelu, relu, identity, exp, zeros
 
 def reference_curve(
     name:str,      # one of REFERENCES
@@ -51,11 +51,8 @@ def reference_curve(
     x_max:float,   # the spline's last knot (where "exp" is 1)
 )->np.ndarray:
     "The reference function `name` at `x` (float64 numpy)."
-    x = torch.as_tensor(np.asarray(x, dtype=np.float64))
-    f = {"gelu": F.gelu, "relu": torch.relu, "identity": lambda a: a.clone(), "zeros": torch.zeros_like,
-         "exp": lambda a: torch.exp(a - x_max)}
-    if name not in f: raise ValueError(f"reference {name!r} is not one of {REFERENCES}")
-    return f[name](x).numpy()
+    if name not in REFERENCES: raise ValueError(f"reference {name!r} is not one of {REFERENCES}")
+    return _reference(name, x_max)[1](torch.as_tensor(np.asarray(x, dtype=np.float64))).numpy()
 
 @dataclass(eq=False)
 class SplineRef:
