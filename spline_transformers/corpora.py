@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from fastcore.basics import patch
 
-# %% ../nbs/06_corpora.ipynb #ad41eba3
-from .tasks import Batch, _model_device
+# %% ../nbs/06_corpora.ipynb #fd19402b
+from .tasks import Batch, _model_device, _check_int
 from .attention import check_option
 
 # %% ../nbs/06_corpora.ipynb #a03141a1
@@ -556,7 +556,7 @@ def eval_set(self:TokenArrays,
              np.linspace(0, self.n_windows(split) - 1, int(n)).round().astype(np.int64)
     return self._windows(split, starts, device)
 
-# %% ../nbs/06_corpora.ipynb #ec6a5334
+# %% ../nbs/06_corpora.ipynb #477475af
 @patch
 @torch.no_grad()
 def evaluate(self:TokenArrays,
@@ -567,7 +567,7 @@ def evaluate(self:TokenArrays,
              n_models:int|None=None, # M: feed x expanded to (M, B, T) and return one dict per model
              device=None): # where to run (default: the model's device)
     "`{'loss', 'token_acc'}` (mean next-token cross-entropy, argmax accuracy) on fixed windows; a list of M dicts with `n_models`."
-    if n_models is not None and (not isinstance(n_models, int) or n_models < 1): raise ValueError(f"n_models must be a positive int, got {n_models!r}")
+    if n_models is not None: _check_int("n_models", n_models, 1)   # as in the tasks' `evaluate`
     device = device or _model_device(model)
     data, was_training = self.eval_set(split, n), getattr(model, "training", None)
     if hasattr(model, "eval"): model.eval()
