@@ -13,8 +13,8 @@ from typing import Callable, Optional, Union
 # %% auto #0
 __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_frontend', 'reference_curve', 'SplineRef',
            'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'LiveFigure', 'SplineEditor',
-           'effect_traces', 'sync_figure_widget', 'random_dataset', 'collapse_figure', 'AnimationOutput',
-           'CollapsePlayer', 'TrainingMonitor']
+           'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
+           'TrainingMonitor']
 
 # %% ../nbs/30_widgets.ipynb #0a2a8a01
 import json
@@ -483,36 +483,10 @@ def _repr_mimebundle_(self:SplineEditor, include=None, exclude=None):
     bundle["text/html"] = self.static_html()
     return bundle
 
-# %% ../nbs/30_widgets.ipynb #3fe53a9a
-from .interpolation import build_interpolator
+# %% ../nbs/30_widgets.ipynb #fd1651ac
+from .interpolation import build_interpolator, random_dataset
 
-# %% ../nbs/30_widgets.ipynb #f28c159f
-def random_dataset(
-    N:int=3,     # sequences
-    n:int=5,     # tokens per input sequence
-    m:int=2,     # targets per sequence (the first sequence gets m, the others cycle 1..m)
-    d:int=2,     # token dimension (>= 2)
-    seed:int=0,  # random seed
-    pool:Optional[int]=None, # draw input tokens from this many points, so sequences share tokens (None: n + N)
-)->tuple:
-    "A small interpolation dataset: N input sequences of n tokens in R^d that share tokens, and their targets."
-    if d < 2: raise ValueError(f"d must be >= 2 (the construction needs it), got {d}")
-    if not 1 <= m <= n: raise ValueError(f"need 1 <= m <= n, got m={m}, n={n}")
-    if N < 1: raise ValueError(f"need N >= 1 sequences, got {N}")
-    rng = np.random.default_rng(seed)
-    P = rng.uniform(-2, 2, (max(pool or n + N, n), d)).round(2)
-    X, seen = [], set()
-    for j in range(N):
-        for _ in range(1000):
-            idx = tuple(sorted(rng.choice(len(P), n, replace=False)))
-            if idx not in seen: break
-        else: raise ValueError(f"could not draw {N} different sequences of {n} tokens from a pool of {len(P)}; raise pool")
-        seen.add(idx); X.append(P[list(rng.permutation(idx))])
-    ms = [m] + [1 + (j % m) for j in range(N - 1)]
-    Y = [rng.uniform(-3, 3, (mj, d)).round(2) for mj in ms]
-    return X, Y
-
-# %% ../nbs/30_widgets.ipynb #9062f2ab
+# %% ../nbs/30_widgets.ipynb #4cbc1449
 _SYMBOLS = ("circle", "triangle-up", "square", "pentagon", "hexagon", "cross", "x", "star-triangle-up")
 
 def _pca(points):
@@ -588,7 +562,7 @@ def collapse_figure(
     fig.layout.meta = dict(stages=list(labels))
     return fig
 
-# %% ../nbs/30_widgets.ipynb #ac0eb6c8
+# %% ../nbs/30_widgets.ipynb #a4d6105b
 class AnimationOutput:
     "Display a plotly figure with frames as plotly JSON (frames included, for JupyterLab) and an HTML div (for the site)."
     def __init__(self, fig:go.Figure): self.fig = fig
@@ -621,7 +595,8 @@ class CollapsePlayer:
             self.controls[k].value = v
         p = {k: c.value for k, c in self.controls.items()}
         try:
-            self.X, self.Y = random_dataset(p["N"], p["n"], min(p["m"], p["n"]), p["d"], p["seed"])
+            self.X, self.Y = random_dataset(N=p["N"], d=p["d"], n=p["n"], m=min(p["m"], p["n"]),  # m > n: every token is an output
+                                            pool=p["n"] + p["N"], seed=p["seed"])           # a shared pool: sequences overlap
             self.T = build_interpolator(self.X, self.Y, attention=p["attention"])
         except ValueError as e:
             self.status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"; return None
@@ -639,7 +614,7 @@ class CollapsePlayer:
         bundle["text/html"] = AnimationOutput(self.fig)._repr_mimebundle_()["text/html"]
         return bundle
 
-# %% ../nbs/30_widgets.ipynb #91f22512
+# %% ../nbs/30_widgets.ipynb #30119dc7
 def _is_rate(name:str)->bool: return "acc" in name
 
 def _is_metrics_frame(x)->bool:

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from spline_transformers.splines import LinearSpline, SplineBank
-from spline_transformers.widgets import (SplineEditor, find_splines, static_editor_html, spline_figure, random_dataset,
+from spline_transformers.widgets import (SplineEditor, find_splines, static_editor_html, spline_figure,
                                          collapse_figure, CollapsePlayer, TrainingMonitor, Throttle, has_widget_frontend,
                                          LiveFigure, ENV_WIDGETS)
-from spline_transformers.interpolation import build_interpolator
+from spline_transformers.interpolation import build_interpolator, random_dataset, InterpolationDataError
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_livefigure_opens_with_its_data():
 
 
 def test_collapse_animation():
-    X, Y = random_dataset(N=2, n=4, m=2, d=2, seed=3)
+    X, Y = random_dataset(N=2, d=2, n=4, m=2, pool=6, seed=3)
     T = build_interpolator(X, Y)
     fig = collapse_figure(T, X, Y)
     assert len(fig.frames) == T.n_blocks + 1 and fig.layout.updatemenus[0].buttons[0].method == "animate"
@@ -134,8 +134,9 @@ def test_collapse_animation():
     for j, y in enumerate(Y):                           # every token of the last frame sits on a target
         pts = np.concatenate([np.c_[last[j].x, last[j].y], np.c_[last[2 + j].x, last[2 + j].y]])
         assert np.abs(pts[:, None] - y[None]).sum(-1).min(1).max() < 1e-6
-    with pytest.raises(ValueError, match="d must be >= 2"): random_dataset(d=1)
-    with pytest.raises(ValueError, match="1 <= m <= n"): random_dataset(n=2, m=3)
+    with pytest.raises(InterpolationDataError, match="d must be >= 2"): build_interpolator(*random_dataset(N=2, d=1))
+    X, Y = random_dataset(N=3, d=2, n=2, m=3, seed=0)   # m > n is clamped: at most one target per input token
+    assert all(len(y) == len(x) == 2 for x, y in zip(X, Y))
 
 
 def test_collapse_player_rebuilds():
