@@ -162,7 +162,7 @@ def test_device_errors():
 
 
 def test_unknown_options_are_listed():
-    with pytest.raises(ValueError, match="'cosine', 'trapezoid', 'constant'"): TrainConfig(schedule="step")
+    with pytest.raises(ValueError, match="unknown schedule 'step'; valid values are 'cosine', 'trapezoid', 'constant'"): TrainConfig(schedule="step")
 
 
 def test_ensemble_training_equals_separate_runs(task):
