@@ -9,8 +9,9 @@ itself with MALLOC_MMAP_THRESHOLD_ raised unless it is already set.
 """
 import argparse, os, sys, time
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)
+if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # no fresh mmap per big tensor, and no trimming of the heap after each
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)  # step (setting the mmap threshold pins the trim threshold at 128 KiB:
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))  # every step would page-fault its activations back in)
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch
