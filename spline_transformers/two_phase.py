@@ -446,7 +446,7 @@ def curves_figure(
     if sel.empty: raise ValueError(f"no rows with metric={metric!r}, split={split!r}; have {sorted(set(zip(metrics.split, metrics.metric)))}")
     return seed_band_figure(sel, title=title or f"{split} {metric} (median and range over seeds)", yaxis_title=f"{split} {metric}")
 
-# %% ../nbs/08_two_phase.ipynb #5916e40a
+# %% ../nbs/08_two_phase.ipynb #45a62139
 @dataclass
 class DemoConfig:
     "Everything the demo runs: task, architecture, the shared training config, Phase I settings, seeds, threshold."
@@ -478,7 +478,8 @@ def demo_config(
     dev = resolve_device(device)
     if dev.type == "cpu":
         cfg = DemoConfig(task="add", task_params=dict(n_digits=2, ood_digits=(3, 3), reverse_operands=False),
-                         arch=TransformerConfig(vocab_size=1, max_len=8, n_layers=2, d_model=64, n_heads=4, mlp_act="spline", attn_fn="spline"),
+                         arch=TransformerConfig(vocab_size=1, max_len=8, n_layers=2, d_model=64, n_heads=4, mlp_act="spline", attn_fn="softmax",
+                                                n_knots=41, spline_range=6.0, mlp_init="gelu"),   # MLP spline only, GeLU init, h = 0.3
                          train=TrainConfig(steps=800, batch_size=64, lr=3e-3, warmup=50, eval_every=25, eval_examples=256, device=device, progress=False),
                          phase1_train=TrainConfig(steps=400, batch_size=64, lr=3e-3, warmup=50, eval_every=50, eval_examples=256, device=device, progress=False),
                          p1=Phase1Config(n_models=4, seeds=(100, 101, 102, 103), spline_lr=0.01))
