@@ -483,23 +483,11 @@ def _repr_mimebundle_(self:SplineEditor, include=None, exclude=None):
     bundle["text/html"] = self.static_html()
     return bundle
 
-# %% ../nbs/30_widgets.ipynb #fd1651ac
+# %% ../nbs/30_widgets.ipynb #1ab5bb23
 from .interpolation import build_interpolator, random_dataset
+from .interpolation_viz import trajectory_animation
 
-# %% ../nbs/30_widgets.ipynb #4cbc1449
-_SYMBOLS = ("circle", "triangle-up", "square", "pentagon", "hexagon", "cross", "x", "star-triangle-up")
-
-def _pca(points):
-    "Mean and the top-2 principal directions of `points` (rows)."
-    mu = points.mean(0)
-    _, _, vt = np.linalg.svd(points - mu, full_matrices=False)
-    return mu, vt[:2].T
-
-def _ranges(P, pad=0.08):
-    lo, hi = P.min(0), P.max(0)
-    c, half = (lo + hi) / 2, np.maximum((hi - lo).max() / 2, 1e-3) * (1 + pad) + 0.3
-    return [float(c[0] - half), float(c[0] + half)], [float(c[1] - half), float(c[1] + half)]
-
+# %% ../nbs/30_widgets.ipynb #10feb874
 def collapse_figure(
     T,                 # an ExactInterpolator (from `build_interpolator`)
     X,                 # the input sequences it was built for
@@ -508,59 +496,10 @@ def collapse_figure(
     title:str="token collapse",
     frame_ms:int=600,  # milliseconds per frame when playing
 )->go.Figure:
-    "A plotly animation of every token of every sequence through `T`: Play/Pause, a layer slider, stages, leaders."
-    trajs, labels = zip(*[T.trajectory(x, per=per) for x in X])
-    labels = labels[0]
-    d = trajs[0].shape[-1]
-    if d == 2: proj = lambda P: P[..., :2]; axes = ("x₁", "x₂")
-    else:
-        allp = np.concatenate([t.reshape(-1, d) for t in trajs] + ([np.concatenate(Y)] if Y is not None else []))
-        mu, V = _pca(allp); proj = lambda P: (P - mu) @ V; axes = ("PC 1", "PC 2")
-    trajs = [proj(t) for t in trajs]
-    Yp = [proj(np.asarray(y, dtype=np.float64)) for y in Y] if Y is not None else []
-    colors = pio.templates["plotly"].layout.colorway
-    n_frames = len(labels)
-    def traces(f):
-        out = []
-        for j, t in enumerate(trajs):
-            c = colors[j % len(colors)]
-            out.append(go.Scatter(x=t[f, 1:, 0], y=t[f, 1:, 1], mode="markers", name=f"sequence {j}", legendgroup=str(j),
-                                  marker=dict(color=c, size=10, symbol=_SYMBOLS[j % len(_SYMBOLS)], opacity=0.85,
-                                              line=dict(color="white", width=1))))
-        for j, t in enumerate(trajs):
-            c = colors[j % len(colors)]
-            out.append(go.Scatter(x=t[f, :1, 0], y=t[f, :1, 1], mode="markers", name="leaders" if j == 0 else f"leader {j}", legendgroup=str(j),
-                                  showlegend=j == 0,
-                                  marker=dict(color=c, size=18, symbol="star", line=dict(color="black", width=1.5))))
-        return out
-    tgt = [go.Scatter(x=y[:, 0], y=y[:, 1], mode="markers", name="targets" if j == 0 else f"targets {j}", legendgroup=str(j),
-                      showlegend=j == 0, marker=dict(color=colors[j % len(colors)], size=22, symbol="diamond", opacity=0.3))
-           for j, y in enumerate(Yp)]
-    def frame_title(f):
-        layer = "input" if f == 0 else f"{'block' if per == 'block' else 'layer'} {f} of {n_frames - 1}"
-        return f"{title}: {layer} · {labels[f]}"
-    frames = []
-    for f in range(n_frames):
-        P = np.concatenate([t[f] for t in trajs] + Yp)
-        xr, yr = _ranges(P)
-        frames.append(go.Frame(name=str(f), data=traces(f), traces=list(range(2 * len(trajs))),
-                               layout=dict(title_text=frame_title(f), xaxis_range=xr, yaxis_range=yr)))
-    xr, yr = _ranges(np.concatenate([t[0] for t in trajs] + Yp))
-    fig = go.Figure(data=traces(0) + tgt, frames=frames)
-    play = dict(frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=frame_ms // 2), fromcurrent=True, mode="immediate")
-    fig.update_layout(
-        title=frame_title(0), xaxis=dict(range=xr, title=axes[0]), yaxis=dict(range=yr, title=axes[1], scaleanchor="x"),
-        height=520, margin=dict(l=50, r=20, t=60, b=40),
-        updatemenus=[dict(type="buttons", direction="left", x=0, y=-0.08, xanchor="left", yanchor="top", showactive=False,
-                          buttons=[dict(label="▶ Play", method="animate", args=[None, play]),
-                                   dict(label="❚❚ Pause", method="animate",
-                                        args=[[None], dict(frame=dict(duration=0, redraw=False), mode="immediate")])])],
-        sliders=[dict(active=0, x=0.2, y=-0.05, len=0.8, currentvalue=dict(prefix="frame "),
-                      steps=[dict(label=f"{f}", method="animate",
-                                  args=[[str(f)], dict(frame=dict(duration=0, redraw=True), mode="immediate")])
-                             for f in range(n_frames)])])
-    fig.layout.meta = dict(stages=list(labels))
-    return fig
+    "The player's animation: `trajectory_animation` with every frame, leaders as stars, per-frame zoom, PCA for d > 2."
+    d = np.asarray(X[0]).shape[1]
+    return trajectory_animation(T, X, Y, per=per, title=title, duration=frame_ms, max_frames=None,
+                                project="pca" if d > 2 else "dims", leaders=True, zoom=True)
 
 # %% ../nbs/30_widgets.ipynb #a4d6105b
 class AnimationOutput:
