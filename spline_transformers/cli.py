@@ -352,7 +352,7 @@ def cmd_prepare(a)->int:
     for k, v in stats.items(): print(f"{k:>12}: {v}")
     return 0
 
-# %% ../nbs/09_cli.ipynb #0df8ff14
+# %% ../nbs/09_cli.ipynb #dea7be3f
 def build_parser()->argparse.ArgumentParser:
     "The `spline-transformers` argument parser with its six sub-commands."
     p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -363,7 +363,7 @@ def build_parser()->argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     d = sub.add_parser("demo", formatter_class=fmt, help="the main job: Phase I on a task, then Phase II vs the standard transformer; table + HTML report",
-                       description="Phase I learns the MLP activation and attention kernel of a small transformer on the 'add' task (M models "
+                       description="Phase I learns the nonlinearities of a small transformer (on CPU: its MLP activation) on the 'add' task (M models "
                                    "sharing the splines); Phase II trains fresh models with them frozen against the standard transformer "
                                    "(GeLU, softmax) over several seeds. Prints steps to 95%% test sequence accuracy per seed, the median "
                                    "speed-up and the spread; writes report.html, metrics.csv, nonlinearities.safetensors (+ .json). "
