@@ -16,9 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 
-# %% ../nbs/04_ensemble.ipynb #ec35ecf9
+# %% ../nbs/04_ensemble.ipynb #a8363c99
 from .attention import attend, attention_mask, alibi_bias, sinusoidal_positions, check_option
-from .model import (TransformerConfig, Transformer, Nonlinearities, check_nonlinearities,
+from .model import (decay_groups, TransformerConfig, Transformer, Nonlinearities, check_nonlinearities,
                                        mlp_activation, DETACH)
 
 # %% ../nbs/04_ensemble.ipynb #4710f815
@@ -185,7 +185,7 @@ def extract(self:Ensemble,
         for n, p in t.weight_named_parameters(): p.copy_(self.weight(n)[m])
     return t
 
-# %% ../nbs/04_ensemble.ipynb #1c2a12e8
+# %% ../nbs/04_ensemble.ipynb #ae617b5b
 @patch
 def weight_named_parameters(self:Ensemble):
     "(Transformer name, batched (M, ...) parameter) for every weight."
@@ -202,11 +202,7 @@ def param_groups(self:Ensemble,
                  include_nonlinearities:bool=False, # add the splines as a third group (never decayed)
                 )->list:
     "Optimiser groups: decay on batched weights with dim >= 3 (matrices per model), none on the others or on splines."
-    ps = self.weight_parameters()
-    groups = [{"params": [p for p in ps if p.dim() >= 3], "weight_decay": weight_decay},
-              {"params": [p for p in ps if p.dim() < 3], "weight_decay": 0.0}]
-    if include_nonlinearities: groups.append({"params": list(self.nonlinearities.parameters()), "weight_decay": 0.0})
-    return groups
+    return decay_groups(self.weight_parameters(), self.nonlinearities if include_nonlinearities else None, weight_decay, 3)
 
 @patch
 def n_params(self:Ensemble)->int:

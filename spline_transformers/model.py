@@ -7,7 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'TransformerConfig', 'spline_layout', 'FixedSpline',
            'Nonlinearities', 'mlp_activation', 'MLP', 'make_norm', 'Block', 'Transformer', 'check_nonlinearities',
-           'future_leak']
+           'decay_groups', 'future_leak']
 
 # %% ../nbs/03_model.ipynb #d693eeaa
 import json
@@ -418,7 +418,7 @@ def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlineariti
                 raise ValueError(f"{what} spline mismatch: the nonlinearities have {key}={have[key]!r}, the config says {want[key]!r}")
     return nl
 
-# %% ../nbs/03_model.ipynb #eff352e0
+# %% ../nbs/03_model.ipynb #9447b3fd
 @patch
 def weight_named_parameters(self:Transformer):
     "(name, parameter) for every weight, splines excluded (a tied embedding appears once)."
@@ -429,17 +429,25 @@ def weight_parameters(self:Transformer):
     "Every weight, splines excluded."
     return [p for _, p in self.weight_named_parameters()]
 
+def decay_groups(
+    weights:list, # the weights (splines excluded)
+    nonlinearities:nn.Module=None, # splines to add as a third, never-decayed group (None: leave them out)
+    weight_decay:float=0.1, # decay for matrices and embeddings
+    matrix_dim:int=2, # a weight with at least this many dims is a matrix (3 for an ensemble's batched weights)
+)->list:
+    "Optimiser groups: decay on matrices, none on biases and norms, never on splines."
+    groups = [{"params": [p for p in weights if p.dim() >= matrix_dim], "weight_decay": weight_decay},
+              {"params": [p for p in weights if p.dim() < matrix_dim], "weight_decay": 0.0}]
+    if nonlinearities is not None: groups.append({"params": list(nonlinearities.parameters()), "weight_decay": 0.0})
+    return groups
+
 @patch
 def param_groups(self:Transformer,
                  weight_decay:float=0.1, # decay for matrices and embeddings
                  include_nonlinearities:bool=False, # add the splines as a third group (never decayed)
                 )->list:
     "Optimiser groups: decay on weights with dim >= 2, none on biases/norms (and on splines if included)."
-    ps = self.weight_parameters()
-    groups = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
-    if include_nonlinearities: groups.append({"params": list(self.nonlinearities.parameters()), "weight_decay": 0.0})
-    return groups
+    return decay_groups(self.weight_parameters(), self.nonlinearities if include_nonlinearities else None, weight_decay, 2)
 
 @patch
 def n_params(self:Transformer,

@@ -18,7 +18,7 @@ __all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT'
            'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches', 'metrics_frame',
            'steps_to_threshold', 'CheckpointError', 'atomic_write_bytes', 'save_state', 'load_state',
            'TrainingDiverged', 'TrainState', 'checkpoint_path', 'list_checkpoints', 'check_resume', 'find_resume',
-           'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult', 'default_name', 'train']
+           'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult', 'default_name', 'resume_and_run', 'train']
 
 # %% ../nbs/07_train.ipynb #e4a58fba
 import numpy as np
@@ -561,7 +561,26 @@ def default_name(model:nn.Module)->str:
     c = _config_dict(model) or {}
     return f"{c['mlp_act']}+{c['attn_fn']}" if "mlp_act" in c and "attn_fn" in c else "model"
 
-# %% ../nbs/07_train.ipynb #7de99c3e
+# %% ../nbs/07_train.ipynb #e2dd245c
+def resume_and_run(
+    state:TrainState, # module, optimisers, generators
+    checkpoint, # checkpoint to restore first (a path from `find_resume`), or None for a fresh start
+    device:torch.device, # the run's device (its RNG is forked too when it is CUDA)
+    cfg:TrainConfig, step_fn:Callable, eval_fn:Callable, meta:dict, # as in `run_loop`
+    callbacks:Sequence[Callable]=(), seeds:Sequence[int]=(0,), name:str="model", desc:str="train", # as in `run_loop`
+)->int:
+    "Restore `checkpoint` (checked against the run's meta), then `run_loop` under a forked, seeded RNG; returns the start step."
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(derive_seed("dropout", cfg.seed, *seeds))   # dropout masks resume like everything else
+        if checkpoint is not None:
+            saved = load_state(checkpoint)
+            check_resume(saved["meta"], meta, checkpoint)
+            state.load_state_dict(saved["state"], checkpoint)
+        start = state.step
+        run_loop(state, cfg, step_fn, eval_fn, meta, callbacks, seeds, name, desc=desc)
+    return start
+
+# %% ../nbs/07_train.ipynb #c26d629c
 def train(
     model:nn.Module, # a Transformer, or an Ensemble of M models
     data, # a task (`get_task`) or corpus (`load_corpus`): `.batch`, `.evaluate`, `.splits`
@@ -609,13 +628,6 @@ def train(
 
     eval_fn = lambda step: evaluate_rows(model, data, splits, step, name, seeds, cfg.eval_examples, cfg.eval_batch_size, device, cfg.amp)
     t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(derive_seed("dropout", cfg.seed, *seeds))
-        if ck is not None:
-            saved = load_state(ck)
-            check_resume(saved["meta"], meta, ck)
-            state.load_state_dict(saved["state"], ck)
-        start = state.step
-        run_loop(state, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name)
+    start = resume_and_run(state, ck, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name)
     return TrainResult(model, metrics_frame(state.rows), state.step, state.step - start, time.perf_counter() - t0, str(device), cfg,
                        list_checkpoints(cfg.checkpoint_dir))

@@ -23,11 +23,11 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-# %% ../nbs/08_two_phase.ipynb #7c80976f
+# %% ../nbs/08_two_phase.ipynb #06745157
 from .model import TransformerConfig, Transformer, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
-from .train import (TrainConfig, TrainResult, TrainState, train, run_loop, resolve_device, check_option,
+from .train import (TrainConfig, TrainResult, TrainState, train, run_loop, resume_and_run, resolve_device, check_option,
     data_generator, derive_seed, stack_batches, forward_models, masked_cross_entropy, clip_grad_norm_per_model_,
     evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, save_state, load_state, find_resume,
     check_resume, list_checkpoints, _autocast, _config_dict)
@@ -138,7 +138,7 @@ def _check_spline_arch(arch:TransformerConfig):
         raise ValueError(f"Phase I learns splines, but this config has mlp_act={arch.mlp_act!r} and attn_fn={arch.attn_fn!r}; "
                          "use mlp_act='spline' and/or attn_fn='spline' (e.g. spline_arch(arch))")
 
-# %% ../nbs/08_two_phase.ipynb #21e92b45
+# %% ../nbs/08_two_phase.ipynb #f60e22aa
 def phase1(
     data, # source task or corpus (needs the `weights` and `arch` splits for arch_loss="heldout")
     arch:TransformerConfig, # architecture with spline nonlinearities (vocab/max_len are taken from `data`)
@@ -219,14 +219,7 @@ def phase1(
 
     ck = find_resume(resume, cfg.checkpoint_dir)
     t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(derive_seed("dropout", cfg.seed, *seeds))
-        if ck is not None:
-            saved = load_state(ck)
-            check_resume(saved["meta"], meta, ck)
-            state.load_state_dict(saved["state"], ck)
-        start = state.step
-        run_loop(state, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
+    start = resume_and_run(state, ck, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
     wall = time.perf_counter() - t0
     final = _spline_copy(nl)
     best_nl, best_step = final, state.step
