@@ -175,7 +175,17 @@ def seed_table(
     rows.append(["seeds reaching"] + [f"{int(np.isfinite(wide[a].to_numpy(dtype=float)).sum())}/{int(wide[a].notna().sum())}" for a in arms])
     return pd.DataFrame(rows, columns=["steps to threshold"] + arms)
 
-# %% ../nbs/09a_report.ipynb #663b09df
+# %% ../nbs/09a_report.ipynb #732eedc6
+def _learned_parts(arch)->str:
+    "Which nonlinearities the learned arm learned, in words (e.g. 'spline MLP activation (softmax attention kept)')."
+    mlp = arch.mlp_act in ("spline", "glu_spline")
+    attn = arch.attn_fn == "spline"
+    if mlp and attn: return "spline MLP activation and spline attention kernel"
+    if mlp: return "spline MLP activation (softmax attention kept)"
+    if attn: return "spline attention kernel (GeLU MLP kept)"
+    return "no splines"
+
+# %% ../nbs/09a_report.ipynb #4a89b944
 def _cost_lines(cost:dict, what:str="Phase I")->list:
     return [f"{what}: {cost.get('n_models', '?')} models sharing the splines, {cost.get('steps', '?')} steps, "
             f"{cost.get('wall_time_s', math.nan):.1f} s wall time on {cost.get('device', '?')} "
@@ -213,7 +223,7 @@ def demo_report(
     rep.heading("What was measured")
     lines = [f"Task: {c.task} {c.task_params}; threshold: {c.threshold:.0%} test sequence accuracy (all answer tokens right); "
              f"metric evaluated every {c.train.eval_every} steps on {c.train.eval_examples} test problems, so steps are multiples of {c.train.eval_every}.",
-             _arch_line(c.arch.to_dict()) + f". Learned arm: spline MLP activation and spline attention kernel, frozen from Phase I; standard arm: GeLU and softmax.",
+             _arch_line(c.arch.to_dict()) + f". Learned arm: {_learned_parts(c.arch)}, frozen from Phase I; standard arm: GeLU and softmax.",
              _train_line(c.train.to_dict()) + f"; seeds {list(c.seeds)}.",
              *_cost_lines(p1.cost),
              f"Phase II: learned arm {result.timings['learned_wall_s']:.1f} s, standard arm {result.timings['standard_wall_s']:.1f} s "
@@ -234,7 +244,7 @@ def demo_report(
              f"phase1/ the Phase I result (final and best splines, best at step {p1.best_step}).", cls="muted")
     return rep.save(path)
 
-# %% ../nbs/09a_report.ipynb #ef1a2a4f
+# %% ../nbs/09a_report.ipynb #71fd3350
 def phase1_report(
     result, # a `two_phase.Phase1Result`
     path:Union[str,Path], # where to write report.html

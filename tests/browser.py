@@ -58,3 +58,15 @@ def serve(folder):
     t = threading.Thread(target=srv.serve_forever, daemon=True); t.start()
     try: yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally: srv.shutdown(); srv.server_close()
+
+
+def open_page(browser, url, wait_until="load", viewport=None):
+    "Open `url` in a fresh context; returns (page, page errors, requests that would have left the machine — aborted)."
+    ctx = browser.new_context(**({"viewport": viewport} if viewport else {}))
+    outside, errors = [], []
+    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
+              else route.continue_())
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until=wait_until)
+    return page, errors, outside

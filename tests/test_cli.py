@@ -16,7 +16,7 @@ from spline_transformers.tasks import TASKS
 from spline_transformers.corpora import CORPORA
 from spline_transformers.interpolation import toy_dataset, random_dataset, save_dataset_file, interpolate_file
 
-from browser import require_browser, launch, serve, is_loopback
+from browser import require_browser, launch, serve, open_page
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -275,6 +275,8 @@ def test_demo_quick_writes_the_files(quick_demo):
     nl = Nonlinearities.load(out / "nonlinearities.safetensors")
     arch = quick_demo_config().arch          # the demo learns the splines its architecture has, no more
     assert len(nl.mlp) == (arch.mlp_act == "spline") and len(nl.attn) == (arch.attn_fn == "spline") and len(nl.mlp) == 1
+    from spline_transformers.report import _learned_parts
+    assert f"Learned arm: {_learned_parts(arch)}" in (out / "report.html").read_text()   # the report says what was learned
     m = pd.read_csv(out / "metrics.csv")
     assert list(m.columns) == ["step", "model", "seed", "split", "metric", "value"]
     assert set(m.model) == {"learned", "standard"} and set(m.seed) == {0, 1, 2}
@@ -321,20 +323,14 @@ def test_demo_report_in_a_browser(quick_demo):
     n_figs = page_src.count("Plotly.newPlot")
     assert n_figs >= 3                               # test curves, OOD curves, the learned splines
     with serve(out) as base, launch() as browser:
-        ctx = browser.new_context(viewport={"width": 1300, "height": 900})
-        outside, errors = [], []
-        ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-                  else route.continue_())
-        page = ctx.new_page()
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{base}/report.html", wait_until="load")
+        page, errors, outside = open_page(browser, f"{base}/report.html", viewport={"width": 1300, "height": 900})
         page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figs}", timeout=60_000)
         drawn = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(d =>
                                    ({traces: d.data.length, paths: d.querySelectorAll('.scatterlayer .trace path').length}))""")
         assert len(drawn) == n_figs
         assert all(d["traces"] > 0 and d["paths"] > 0 for d in drawn), drawn
         assert "Steps to threshold per seed" in page.inner_text("body")
-        ctx.close()
+        page.context.close()
     assert errors == [], errors
     assert outside == [], outside
 

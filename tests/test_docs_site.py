@@ -5,7 +5,7 @@ import re
 import pytest
 
 from conftest import build_docs
-from browser import require_browser, launch, serve, is_loopback
+from browser import require_browser, launch, serve, open_page
 
 pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
 
@@ -35,13 +35,7 @@ def test_every_chapter_has_a_page(site):
 
 def _visit(browser, url):
     "Open `url`; return the page, its page errors and every request that left the machine."
-    ctx = browser.new_context()
-    errors, outside = [], []
-    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-              else route.continue_())
-    page = ctx.new_page()
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url, wait_until="load")
+    page, errors, outside = open_page(browser, url)
     page.wait_for_timeout(300)
     return page, errors, outside
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import require_browser, launch, serve, is_loopback, free_port
+from browser import require_browser, launch, serve, free_port, open_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -62,13 +62,7 @@ def jupyterlab(notebook:Path, timeout:float=90):
 
 def _open(browser, url):
     "A page at `url` that records page errors and aborts (and records) every request that would leave the machine."
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    outside, errors = [], []
-    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-              else route.continue_())
-    page = ctx.new_page()
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url, wait_until="domcontentloaded")
+    page, errors, outside = open_page(browser, url, wait_until="domcontentloaded", viewport={"width": 1400, "height": 1000})
     return page, outside, errors
 
 
