@@ -9,13 +9,15 @@ __all__ = ['ATTN_FNS', 'POSITIONS', 'ATTN_CPP_SOURCE', 'KERNELS', 'check_option'
            'sinusoidal_positions', 'softmax_attention', 'set_attention_kernel', 'attention_kernel', 'SplineAttnWeights',
            'spline_attention', 'hardmax_attention', 'attention_weights', 'attend', 'SelfAttention']
 
-# %% ../nbs/02_attention.ipynb #3715d7bc
-import hashlib, math, os, threading, warnings
+# %% ../nbs/02_attention.ipynb #860efad1
+import math, threading
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .splines import build_cpp_extension
 
 # %% ../nbs/02_attention.ipynb #7a972fbf
 ATTN_FNS = ("softmax", "spline", "hardmax")  # score nonlinearities `attend` knows
@@ -418,7 +420,7 @@ std::vector<torch::Tensor> attn_weights_backward(torch::Tensor gw, torch::Tensor
 }
 """
 
-# %% ../nbs/02_attention.ipynb #cf1c8195
+# %% ../nbs/02_attention.ipynb #c9765054
 KERNELS = ("auto", "cpp", "torch")  # how the spline kernel's weights are computed on CPU
 _kernel_state = {"requested": "auto", "module": None, "reason": None, "lock": threading.Lock()}
 
@@ -429,34 +431,13 @@ def set_attention_kernel(name:str="auto"):
     _kernel_state["requested"] = name
     return name
 
-def _build_name(flags):
-    import platform
-    key = "\n".join([ATTN_CPP_SOURCE, " ".join(flags), torch.__version__, platform.machine(), platform.processor()])
-    return "spline_attention_cpu_" + hashlib.sha1(key.encode()).hexdigest()[:12]
-
 def _load_kernel():
     "The compiled fused kernel (built once per machine, cached by torch), or None with the reason in the state."
     with _kernel_state["lock"]:
         if _kernel_state["module"] is not None or _kernel_state["reason"] is not None: return _kernel_state["module"]
-        import shutil
-        from torch.utils import cpp_extension
-        flags = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
-        if os.environ.get("SPLINE_TRANSFORMERS_NO_BUILD", "") == "1": reason = "building C++ extensions is disabled ($SPLINE_TRANSFORMERS_NO_BUILD=1)"
-        elif shutil.which(os.environ.get("CXX", "c++")) is None: reason = "no C++ compiler on PATH"
-        elif not cpp_extension.is_ninja_available(): reason = "ninja is not installed"
-        else:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    _kernel_state["module"] = cpp_extension.load_inline(
-                        name=_build_name(flags), cpp_sources=ATTN_CPP_SOURCE, functions=["attn_weights_forward", "attn_weights_backward"],
-                        extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-                reason = "fused C++ kernel"
-            except Exception as e:
-                msg = str(e).strip().splitlines()
-                reason = f"compiling the C++ kernel failed ({type(e).__name__}: {msg[0] if msg else ''})"
-        _kernel_state["reason"] = reason
-        return _kernel_state["module"]
+        module, name = build_cpp_extension("spline_attention_cpu_", ATTN_CPP_SOURCE, ["attn_weights_forward", "attn_weights_backward"])
+        _kernel_state["module"], _kernel_state["reason"] = module, ("fused C++ kernel" if module is not None else name)
+        return module
 
 def attention_kernel()->str:
     "Which implementation computes spline-kernel attention weights for CPU tensors, and why (builds the kernel if needed)."

@@ -13,9 +13,9 @@ from typing import Callable, Union
 
 # %% auto #0
 __all__ = ['EXTRAPOLATIONS', 'INITS', 'BACKENDS', 'ENV_BACKEND', 'CPP_SOURCE', 'CPP_FLAGS', 'SPLINE_FORMAT', 'SPLINE_KINDS',
-           'REFERENCES', 'BackendChoice', 'set_spline_backend', 'spline_backend', 'SplineFunction', 'spline_eval',
-           'init_values', 'LinearSpline', 'SplineBank', 'SplineFormatError', 'save_spline', 'load_spline',
-           'ChebyshevApprox', 'to_polynomial', 'plot_spline', 'plot_derivative']
+           'REFERENCES', 'BackendChoice', 'set_spline_backend', 'spline_backend', 'build_cpp_extension',
+           'SplineFunction', 'spline_eval', 'init_values', 'LinearSpline', 'SplineBank', 'SplineFormatError',
+           'save_spline', 'load_spline', 'ChebyshevApprox', 'to_polynomial', 'plot_spline', 'plot_derivative']
 
 # %% ../nbs/01_splines.ipynb #003a3ae7
 import numpy as np
@@ -509,19 +509,37 @@ std::vector<torch::Tensor> spline_backward(torch::Tensor g, torch::Tensor x, tor
 }
 '''
 
-# %% ../nbs/01_splines.ipynb #36bd77c7
+# %% ../nbs/01_splines.ipynb #49d13221
 CPP_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
 
-def _cpp_build_name():
-    "Extension name: a hash of the source, flags, torch version and CPU, so a change rebuilds and nothing else does."
-    import hashlib, platform
-    cpu = platform.machine()
+def build_cpp_extension(
+    prefix:str, # extension name prefix; a hash of source, flags, torch version and CPU is appended
+    source:str, # C++ source (with the pybind11 bindings generated from `functions`)
+    functions:list, # names of the functions to bind
+    flags:list=CPP_FLAGS, # compiler flags (OpenMP is always linked)
+)->tuple:
+    "JIT-build (or load from torch's extension cache) a C++ extension: (module, name) or (None, why it could not be built)."
+    import hashlib, platform, shutil
+    from torch.utils import cpp_extension
+    if os.environ.get("SPLINE_TRANSFORMERS_NO_BUILD", "") == "1":
+        return None, "building C++ extensions is disabled ($SPLINE_TRANSFORMERS_NO_BUILD=1)"
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None: return None, f"no C++ compiler found ({cxx!r} is not on PATH)"
+    if not cpp_extension.is_ninja_available(): return None, "ninja is not installed (pip install ninja)"
+    cpu = platform.machine()   # the name changes with source, flags, torch and CPU, so a change rebuilds and nothing else does
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("model name", "flags")): cpu += line
     except OSError: pass
-    key = "\n".join([CPP_SOURCE, " ".join(CPP_FLAGS), torch.__version__, cpu])
-    return "spline_transformers_cpu_" + hashlib.sha1(key.encode()).hexdigest()[:12]
+    name = prefix + hashlib.sha1("\n".join([source, " ".join(flags), torch.__version__, cpu]).encode()).hexdigest()[:12]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cpp_extension.load_inline(name=name, cpp_sources=source, functions=list(functions),
+                                             extra_cflags=list(flags), extra_ldflags=["-fopenmp"], verbose=False), name
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return None, f"compiling the C++ kernel failed ({type(e).__name__}: {msg[0] if msg else ''})"
 
 class _CppBackend:
     name = "cpp"
@@ -536,23 +554,8 @@ class _CppBackend:
 
 def _load_cpp():
     "Build (or load from torch's extension cache) the fused CPU kernel: (backend or None, reason)."
-    import shutil
-    from torch.utils import cpp_extension
-    if os.environ.get("SPLINE_TRANSFORMERS_NO_BUILD", "") == "1":
-        return None, "building C++ extensions is disabled ($SPLINE_TRANSFORMERS_NO_BUILD=1)"
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None: return None, f"no C++ compiler found ({cxx!r} is not on PATH)"
-    if not cpp_extension.is_ninja_available(): return None, "ninja is not installed (pip install ninja)"
-    name = _cpp_build_name()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module = cpp_extension.load_inline(name=name, cpp_sources=CPP_SOURCE,
-                                               functions=["spline_forward", "spline_backward"],
-                                               extra_cflags=CPP_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        return None, f"compiling the C++ kernel failed ({type(e).__name__}: {msg[0] if msg else ''})"
+    module, name = build_cpp_extension("spline_transformers_cpu_", CPP_SOURCE, ["spline_forward", "spline_backward"])
+    if module is None: return None, name
     _CppBackend.module = module
     return _CppBackend, f"fused C++ kernel {name} (OpenMP, {torch.get_num_threads()} threads)"
 
