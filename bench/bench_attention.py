@@ -7,16 +7,14 @@ this one run (rounds interleaved, medians). Not a test: timings on shared machin
 glibc hands allocations over 32 MiB to fresh mmaps (page faults cost more than the op); this script re-executes
 itself with MALLOC_MMAP_THRESHOLD_ raised unless it is already set.
 """
-import argparse, os, sys, time
+import argparse
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # no fresh mmap per big tensor, and no trimming of the heap after each
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)  # step (setting the mmap threshold pins the trim threshold at 128 KiB:
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))  # every step would page-fault its activations back in)
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+import timing
+timing.reexec_with_heap_settings()
 
 import torch
 
-CLOCK = [time.perf_counter]  # set from --clock
+from timing import CLOCK
 import torch.nn.functional as F
 
 from spline_transformers.attention import attend, alibi_bias
@@ -30,16 +28,11 @@ def timeit(fn, rounds):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--stat", choices=["median", "min"], default="median", help="min: the best round (robust to a busy machine)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time (steadier on a busy machine; use with --threads 1)")
-    ap.add_argument("--rounds", type=int, default=30)
+    timing.add_timing_args(ap, rounds=30)
     ap.add_argument("--B", type=int, default=32); ap.add_argument("--H", type=int, default=4)
     ap.add_argument("--T", type=int, default=128); ap.add_argument("--D", type=int, default=32)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    CLOCK[0] = time.process_time if a.clock == "cpu" else time.perf_counter
-    print(f"clock: {a.clock} time, {a.stat} of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    timing.start(a)
     torch.manual_seed(0)
     shape = (a.B, a.H, a.T, a.D)
     q, k, v = (torch.randn(shape) for _ in range(3))

@@ -6,16 +6,14 @@ Not a test: timings on shared machines move by ±20-30%.
 
     python bench/bench_ensemble.py [--threads 2] [--rounds 15] [--M 8] [--compile]
 """
-import argparse, os, sys, time
+import argparse
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # no fresh mmap per big tensor, and no trimming of the heap after each
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)  # step (setting the mmap threshold pins the trim threshold at 128 KiB:
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))  # every step would page-fault its activations back in)
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+import timing
+timing.reexec_with_heap_settings()
 
 import torch
 
-CLOCK = [time.perf_counter]  # set from --clock
+from timing import CLOCK
 import torch.nn.functional as F
 
 from spline_transformers.model import TransformerConfig, Transformer
@@ -46,16 +44,11 @@ def make_steps(cfg, M, B, T, compile_):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--stat", choices=["median", "min"], default="median", help="min: the best round (robust to a busy machine)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time (steadier on a busy machine; use with --threads 1)")
-    ap.add_argument("--rounds", type=int, default=15)
+    timing.add_timing_args(ap, rounds=15)
     ap.add_argument("--M", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile of the ensemble forward")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    CLOCK[0] = time.process_time if a.clock == "cpu" else time.perf_counter
-    print(f"clock: {a.clock} time, {a.stat} of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    timing.start(a)
     B, T = 64, 32
     base = dict(vocab_size=65, n_layers=2, d_model=64, n_heads=4, max_len=T)
     archs = {"gelu/softmax": TransformerConfig(**base),

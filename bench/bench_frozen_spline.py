@@ -4,16 +4,14 @@ measured in this one run (rounds interleaved, medians). Not a test: timings on s
 
     python bench/bench_frozen_spline.py [--threads 2] [--rounds 15] [--d 128] [--T 128] [--B 32]
 """
-import argparse, os, sys, time
+import argparse
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # no fresh mmap per big tensor, and no trimming of the heap after each
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)  # step (setting the mmap threshold pins the trim threshold at 128 KiB:
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))  # every step would page-fault its activations back in)
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+import timing
+timing.reexec_with_heap_settings()
 
 import torch
 
-CLOCK = [time.perf_counter]  # set from --clock
+from timing import CLOCK
 import torch.nn.functional as F
 
 from spline_transformers.model import TransformerConfig, Transformer
@@ -34,16 +32,11 @@ def step_fn(cfg, x, freeze):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--stat", choices=["median", "min"], default="median", help="min: the best round (robust to a busy machine)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="cpu: process CPU time (steadier on a busy machine; use with --threads 1)")
-    ap.add_argument("--rounds", type=int, default=15)
+    timing.add_timing_args(ap, rounds=15)
     ap.add_argument("--d", type=int, default=128); ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--T", type=int, default=128); ap.add_argument("--B", type=int, default=32)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    CLOCK[0] = time.process_time if a.clock == "cpu" else time.perf_counter
-    print(f"clock: {a.clock} time, {a.stat} of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    timing.start(a)
     base = dict(vocab_size=65, n_layers=a.layers, d_model=a.d, n_heads=4, max_len=a.T)
     x = torch.randint(0, 65, (a.B, a.T + 1), generator=torch.Generator().manual_seed(0))
     runs = {"gelu/softmax": step_fn(TransformerConfig(**base), x, False),
