@@ -16,10 +16,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 
-# %% ../nbs/04_ensemble.ipynb #a8363c99
-from .attention import attend, attention_mask, alibi_bias, sinusoidal_positions, check_option
+# %% ../nbs/04_ensemble.ipynb #7b6a251b
+from .core import check_int
+from .attention import attend, attention_mask, alibi_bias, sinusoidal_positions
 from .model import (decay_groups, TransformerConfig, Transformer, Nonlinearities, check_nonlinearities,
-                                       mlp_activation, DETACH)
+                                       mlp_activation, check_detach, check_tokens)
 
 # %% ../nbs/04_ensemble.ipynb #4710f815
 def batched_linear(
@@ -56,7 +57,7 @@ def batched_embedding(
     offsets = (torch.arange(M, device=tokens.device) * V).view(M, *([1] * (tokens.dim() - 1)))
     return F.embedding(tokens + offsets, table.reshape(M * V, d))
 
-# %% ../nbs/04_ensemble.ipynb #c40c9736
+# %% ../nbs/04_ensemble.ipynb #85aac5a9
 def _key(name:str)->str: return name.replace(".", "__")  # parameter names cannot contain dots
 
 def _build(cfg:TransformerConfig, seed:int)->Transformer:
@@ -74,8 +75,9 @@ class Ensemble(nn.Module):
                  nonlinearities:Optional[Nonlinearities]=None, # shared splines (default: fresh ones from cfg)
                 ):
         super().__init__()
+        if n_models is not None: n_models = check_int("n_models", n_models, lo=1)
         if seeds is None: seeds = list(range(8 if n_models is None else n_models))
-        seeds = [int(s) for s in seeds]
+        seeds = [check_int(f"seeds[{i}]", s) for i, s in enumerate(seeds)]
         if n_models is not None and n_models != len(seeds):
             raise ValueError(f"n_models={n_models} but {len(seeds)} seeds were given; give one seed per model")
         if not seeds: raise ValueError("an ensemble needs at least one model")
@@ -95,11 +97,10 @@ class Ensemble(nn.Module):
         try: return self.weights[_key(name)]
         except KeyError: raise KeyError(f"no weight {name!r}; the ensemble's weights are {self.names}") from None
 
-# %% ../nbs/04_ensemble.ipynb #b9099b33
+# %% ../nbs/04_ensemble.ipynb #c338279b
 @patch
 def _check_tokens(self:Ensemble, tokens):
-    if tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8) or tokens.dim() not in (2, 3):
-        raise ValueError(f"tokens must be an integer tensor (M, B, T) or (B, T), got {tokens.dtype} {tuple(tokens.shape)}")
+    tokens = check_tokens(tokens, self.cfg.vocab_size, dims=(2, 3), shape="(M, B, T) or (B, T)")   # int64, ids in range
     if tokens.dim() == 2: tokens = tokens.unsqueeze(0).expand(self.n_models, -1, -1)
     if tokens.shape[0] != self.n_models:
         raise ValueError(f"tokens have {tokens.shape[0]} rows in the model dimension, the ensemble has {self.n_models} models")
@@ -118,7 +119,7 @@ def forward(self:Ensemble,
             detach:Optional[str]=None, # None | "nonlinearities" (weights learn) | "weights" (splines learn)
            )->torch.Tensor:
     "Logits (M, B, T, vocab_size)."
-    check_option(detach, DETACH, "detach")
+    check_detach(detach)
     cfg = self.cfg
     tokens = self._check_tokens(tokens)
     M, B, T = tokens.shape
@@ -148,7 +149,7 @@ def forward(self:Ensemble,
     x = self._norm(x, W, "norm_f")
     return batched_linear(x, W["tok_emb.weight" if cfg.tie_embeddings else "lm_head.weight"])
 
-# %% ../nbs/04_ensemble.ipynb #dd2de6d9
+# %% ../nbs/04_ensemble.ipynb #d7d6ebc4
 @patch(cls_method=True)
 def from_models(cls:Ensemble,
                 models:Sequence[Transformer], # models with the same config
@@ -177,6 +178,7 @@ def extract(self:Ensemble,
             m:int, # which model
            )->Transformer:
     "A plain `Transformer` with a copy of model m's weights and the ensemble's (shared, not copied) nonlinearities."
+    m = check_int("m", m)
     if not -self.n_models <= m < self.n_models: raise IndexError(f"model {m} out of range for an ensemble of {self.n_models}")
     with torch.random.fork_rng(devices=[]): t = Transformer(self.cfg, nonlinearities=self.nonlinearities)
     dev = next(iter(self.weights.values())).device

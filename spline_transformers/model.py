@@ -6,37 +6,49 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'TransformerConfig', 'spline_layout', 'FixedSpline',
-           'Nonlinearities', 'mlp_activation', 'MLP', 'make_norm', 'Block', 'Transformer', 'check_nonlinearities',
-           'decay_groups', 'future_leak']
+           'Nonlinearities', 'mlp_activation', 'MLP', 'make_norm', 'Block', 'check_detach', 'check_tokens',
+           'Transformer', 'check_nonlinearities', 'decay_groups', 'future_leak']
 
-# %% ../nbs/03_model.ipynb #d693eeaa
+# %% ../nbs/03_model.ipynb #16d6056d
 import json
 import math
-from dataclasses import dataclass, asdict, fields, replace
+import numbers
+from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file, load_file, safe_open
+from safetensors.torch import save as safetensors_bytes
 from fastcore.basics import patch
 
-# %% ../nbs/03_model.ipynb #d0a9cc4a
-from .splines import LinearSpline, spline_eval, EXTRAPOLATIONS
-from .attention import SelfAttention, check_option, sinusoidal_positions, ATTN_FNS, POSITIONS
+# %% ../nbs/03_model.ipynb #2d147543
+from .core import atomic_write, check_int, check_number, check_option, from_dict
+from .splines import (LinearSpline, spline_eval, EXTRAPOLATIONS, INITS, tensor_checksum, read_safetensors,
+                                         verify_checksum)
+from .attention import SelfAttention, sinusoidal_positions, ATTN_FNS, POSITIONS
 
 # %% ../nbs/03_model.ipynb #d57ee683
 MLP_ACTS = ("gelu", "relu", "spline", "glu_spline", "swiglu")  # MLP activations a `Transformer` knows
 SHARINGS = ("shared", "per_layer", "ends")  # how splines are shared across layers
 NORMS = ("rmsnorm", "layernorm")  # normalisation layers
 
-# %% ../nbs/03_model.ipynb #cc632e14
+# %% ../nbs/03_model.ipynb #475c14ef
 def _check_init(init, what):
-    "An init must be a name, a number or a callable; names are checked by the spline module when it is built."
-    if isinstance(init, bool) or not (isinstance(init, (str, int, float)) or callable(init)):
-        raise TypeError(f"{what}={init!r}: give a name ('gelu', 'relu', 'identity', 'zeros', 'exp'), a float, or a callable")
-    return init
+    "A spline init as the config keeps it: a known name, a finite number (as a float) or a callable."
+    if callable(init): return init
+    if isinstance(init, str):
+        if init not in INITS: raise ValueError(f"{what}={init!r} is not one of {', '.join(map(repr, INITS))}; give one of them, a number, or a callable")
+        return init
+    if isinstance(init, (bool, np.bool_)) or not isinstance(init, (numbers.Real, torch.Tensor)):
+        raise ValueError(f"{what}={init!r}: give a name ({', '.join(map(repr, INITS))}), a number, or a callable")
+    return check_number(what, init)
+
+def _check_bool(name, v)->bool:
+    if not isinstance(v, (bool, np.bool_)): raise ValueError(f"{name} must be True or False, got {v!r}")
+    return bool(v)
 
 @dataclass
 class TransformerConfig:
@@ -65,8 +77,7 @@ class TransformerConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_len"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{name} must be a positive int, got {v!r}")
+            setattr(self, name, check_int(name, getattr(self, name), lo=1))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; pick n_heads that divides it")
         check_option(self.mlp_act, MLP_ACTS, "mlp_act")
@@ -75,11 +86,15 @@ class TransformerConfig:
         check_option(self.norm, NORMS, "norm")
         check_option(self.sharing, SHARINGS, "sharing")
         check_option(self.extrapolate, EXTRAPOLATIONS, "extrapolate")
-        if self.d_mlp is not None and (not isinstance(self.d_mlp, int) or self.d_mlp < 1): raise ValueError(f"d_mlp must be a positive int or None, got {self.d_mlp!r}")
-        if not 0.0 <= self.dropout < 1.0: raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not (self.spline_range > 0 and (self.attn_spline_range is None or self.attn_spline_range > 0)):
-            raise ValueError("spline_range and attn_spline_range must be positive (knots span [-range, range])")
-        _check_init(self.mlp_init, "mlp_init"); _check_init(self.attn_init, "attn_init")
+        if self.d_mlp is not None: self.d_mlp = check_int("d_mlp", self.d_mlp, lo=1)
+        self.dropout = check_number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        self.bias, self.tie_embeddings = _check_bool("bias", self.bias), _check_bool("tie_embeddings", self.tie_embeddings)
+        self.n_knots = check_int("n_knots", self.n_knots, lo=2)
+        if self.attn_n_knots is not None: self.attn_n_knots = check_int("attn_n_knots", self.attn_n_knots, lo=2)
+        self.spline_range = check_number("spline_range", self.spline_range, lo=0.0, lo_open=True)   # knots span [-range, range]
+        if self.attn_spline_range is not None:
+            self.attn_spline_range = check_number("attn_spline_range", self.attn_spline_range, lo=0.0, lo_open=True)
+        self.mlp_init, self.attn_init = _check_init(self.mlp_init, "mlp_init"), _check_init(self.attn_init, "attn_init")
 
     @property
     def hidden(self)->int:
@@ -104,9 +119,7 @@ class TransformerConfig:
     @classmethod
     def from_dict(cls, d:dict)->"TransformerConfig":
         "A config from `to_dict`'s output; unknown keys are an error."
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown: raise ValueError(f"unknown TransformerConfig fields {sorted(unknown)}; valid fields are {[f.name for f in fields(cls)]}")
-        return cls(**d)
+        return from_dict(cls, d)
 
 # %% ../nbs/03_model.ipynb #aae86826
 def spline_layout(
@@ -141,7 +154,7 @@ class FixedSpline:
         self.values, self.x_min, self.x_max, self.extrapolate = values, x_min, x_max, extrapolate
     def __call__(self, x:torch.Tensor)->torch.Tensor: return spline_eval(x, self.values, self.x_min, self.x_max, self.extrapolate)
 
-# %% ../nbs/03_model.ipynb #3e1d6805
+# %% ../nbs/03_model.ipynb #e59e8368
 class Nonlinearities(nn.Module):
     "Every spline of a model: MLP activations and attention kernels, laid out over the layers by a sharing option."
     FORMAT = "spline_transformers.Nonlinearities/1"
@@ -153,7 +166,7 @@ class Nonlinearities(nn.Module):
                  attn:Optional[dict]=None, # LinearSpline arguments of the attention splines (None: no attention spline)
                 ):
         super().__init__()
-        self.n_layers, self.sharing = n_layers, check_option(sharing, SHARINGS, "sharing")
+        self.n_layers, self.sharing = check_int("n_layers", n_layers, lo=1), check_option(sharing, SHARINGS, "sharing")
         self.layout = spline_layout(sharing, n_layers)
         n = max(self.layout) + 1
         self.settings = {"mlp": _settings_json(mlp), "attn": _settings_json(attn)}
@@ -214,7 +227,7 @@ def _settings_json(s:Optional[dict])->Optional[dict]:
     if callable(s.get("init")): s["init"] = getattr(s["init"], "__name__", "callable")
     return s
 
-# %% ../nbs/03_model.ipynb #bcd0e2bf
+# %% ../nbs/03_model.ipynb #ecdda234
 def _values(splines:nn.ModuleList)->list:
     return [s.values.detach().cpu().float().contiguous() for s in splines]
 
@@ -224,15 +237,14 @@ def save(self:Nonlinearities, path)->Path:
     "Write the spline values to `path` (.safetensors, config in its metadata) and the config to a .json next to it."
     path = Path(path)
     if path.suffix != ".safetensors": path = path.with_suffix(".safetensors")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"{kind}.{i}": v for kind in ("mlp", "attn") for i, v in enumerate(_values(getattr(self, kind)))}
-    cfg_json = json.dumps(self.config())
-    tmp = path.with_suffix(".safetensors.tmp")
-    save_file(tensors, str(tmp), metadata={"config": cfg_json}); tmp.replace(path)
-    path.with_suffix(".json").write_text(json.dumps(self.config(), indent=2))
+    meta = {"config": json.dumps(self.config())}
+    meta["sha256"] = tensor_checksum(tensors, meta)
+    atomic_write(path, safetensors_bytes(tensors, metadata=meta))
+    atomic_write(path.with_suffix(".json"), json.dumps(self.config(), indent=2))
     return path
 
-# %% ../nbs/03_model.ipynb #50dcde7b
+# %% ../nbs/03_model.ipynb #f6ff3742
 def _check_saved_config(c, path):
     "Raise a clear error if a saved config is not one `Nonlinearities` can rebuild."
     if not isinstance(c, dict) or c.get("format") != Nonlinearities.FORMAT:
@@ -247,12 +259,12 @@ def load(cls:Nonlinearities, path)->Nonlinearities:
     path = Path(path)
     if path.suffix != ".safetensors": path = path.with_suffix(".safetensors")
     if not path.exists(): raise FileNotFoundError(f"no saved nonlinearities at {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f: meta = f.metadata() or {}
-        tensors = load_file(str(path))
-    except Exception as e: raise ValueError(f"{path} is not a readable safetensors file ({e}); it may be truncated or corrupt") from e
+    try: tensors, meta = read_safetensors(path)
+    except Exception as e: raise ValueError(f"{path} is not a readable safetensors file ({e}); it may be truncated or corrupt") from None
     if "config" not in meta: raise ValueError(f"{path} has no 'config' in its metadata; write it with Nonlinearities.save")
-    c = json.loads(meta["config"])
+    verify_checksum(path, tensors, meta)
+    try: c = json.loads(meta["config"])
+    except ValueError as e: raise ValueError(f"{path}: its saved config is not valid JSON ({e}); the file is corrupt") from None
     _check_saved_config(c, path)
     nl = cls(c["n_layers"], c["sharing"], _settings_for_build(c["mlp"]), _settings_for_build(c["attn"]))
     expected = {f"{kind}.{i}": s.values.shape for kind in ("mlp", "attn") for i, s in enumerate(getattr(nl, kind))}
@@ -271,7 +283,7 @@ def _settings_for_build(s):
     "Saved settings, with an init that LinearSpline accepts (the values are overwritten right after)."
     if s is None: return None
     s = dict(s)
-    if isinstance(s.get("init"), str) and s["init"] not in ("gelu", "relu", "identity", "zeros", "exp"): s["init"] = "zeros"
+    if isinstance(s.get("init"), str) and s["init"] not in INITS: s["init"] = "zeros"
     return s
 
 # %% ../nbs/03_model.ipynb #efc09cf5
@@ -343,8 +355,34 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), a_phi, padding_mask)
         return x + self.mlp(self.norm2(x), m_phi)
 
-# %% ../nbs/03_model.ipynb #b3955108
+# %% ../nbs/03_model.ipynb #ee0b14f6
 DETACH = (None, "nonlinearities", "weights")  # what `forward(..., detach=)` can hold fixed
+
+def check_detach(detach:Optional[str])->Optional[str]:
+    "`detach` if it is one of `DETACH`, else a `ValueError` listing them."
+    if detach is not None and detach not in DETACH:
+        raise ValueError(f"unknown detach {detach!r}; valid values are {', '.join(map(repr, DETACH))}")
+    return detach
+
+def check_tokens(
+    tokens:torch.Tensor, # token ids
+    vocab_size:int, # ids must be in [0, vocab_size)
+    dims:tuple=(2,), # the numbers of dimensions allowed
+    shape:str="(B, T)", # the expected shape, for the message
+)->torch.Tensor:
+    "`tokens` as int64 if it is an integer tensor of ids in [0, vocab_size), else a one-line `ValueError` (before any embedding lookup)."
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex() \
+       or tokens.dim() not in dims:
+        what = f"{tokens.dtype} {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be an integer tensor of shape {shape}, got {what}")
+    tokens = tokens.long()   # nn.Embedding takes int64 (and int32); smaller integer types are widened here
+    if tokens.numel():
+        lo, hi = torch.aminmax(tokens)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"token ids must be in [0, {vocab_size}) for vocab_size={vocab_size}, got ids from {lo} to {hi}; "
+                             "check the tokenizer and the config's vocab_size")
+    return tokens
 
 class Transformer(nn.Module):
     "A decoder-only, pre-norm transformer whose MLP activation and attention kernel are pluggable."
@@ -375,12 +413,12 @@ class Transformer(nn.Module):
             else: nn.init.zeros_(p)
 
     def _check_tokens(self, tokens):
-        if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
-            raise ValueError(f"tokens must be an integer tensor of shape (B, T), got {tokens.dtype} {tuple(tokens.shape)}")
+        tokens = check_tokens(tokens, self.cfg.vocab_size)
         T = tokens.shape[1]
         if self.cfg.pos in ("learned", "sinusoidal") and T > self.cfg.max_len:
             raise ValueError(f"sequence length {T} exceeds max_len={self.cfg.max_len} of pos={self.cfg.pos!r}; "
                              "crop the input or use pos='alibi'/'none', which have no length limit")
+        return tokens
 
     def forward(self,
                 tokens:torch.Tensor, # (B, T) token ids
@@ -388,11 +426,11 @@ class Transformer(nn.Module):
                 detach:Optional[str]=None, # None | "nonlinearities" | "weights": what to hold fixed
                )->torch.Tensor:
         "Logits (B, T, vocab_size)."
-        check_option(detach, DETACH, "detach")
+        check_detach(detach)
         if detach == "weights":
             fixed = {n: p.detach() for n, p in self.weight_named_parameters()}
             return torch.func.functional_call(self, fixed, (tokens, padding_mask), strict=False, tie_weights=True)
-        self._check_tokens(tokens)
+        tokens = self._check_tokens(tokens)
         x = self.tok_emb(tokens)
         T = tokens.shape[1]
         if self.cfg.pos == "learned": x = x + self.pos_emb.weight[:T]

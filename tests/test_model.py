@@ -359,3 +359,87 @@ def test_extract_and_from_models_roundtrip():
     with torch.no_grad(): other.nonlinearities.mlp[0].values.add_(1.0)
     with pytest.raises(ValueError, match="different spline values"):
         Ensemble.from_models([ens.extract(0), other])
+
+
+# ---------------------------------------------------------------- issue 14: nothing lost, nothing silent
+@pytest.mark.parametrize("change, message", [
+    (dict(n_knots=1), "n_knots"), (dict(n_knots=2.5), "n_knots"), (dict(n_knots=True), "n_knots"),
+    (dict(attn_n_knots=1), "attn_n_knots"), (dict(spline_range=float("inf")), "spline_range"),
+    (dict(spline_range=float("nan")), "spline_range"), (dict(spline_range=0.0), "spline_range"),
+    (dict(attn_spline_range=float("inf")), "attn_spline_range"), (dict(mlp_init="tanh"), "mlp_init"),
+    (dict(attn_init="softmax"), "attn_init"), (dict(mlp_init=float("nan")), "mlp_init"),
+    (dict(dropout="0.1"), "dropout"), (dict(vocab_size=0), "vocab_size"), (dict(d_mlp=2.0), "d_mlp"),
+    (dict(bias="yes"), "bias"), (dict(tie_embeddings=1), "tie_embeddings"),
+])
+def test_config_is_validated_when_made(change, message):
+    "Every bad setting is a one-line ValueError naming the field when the config is made, not when the model is built."
+    with pytest.raises(ValueError, match=message):
+        replace(CFG, **change)
+
+
+def test_config_accepts_numpy_and_tensor_integers():
+    import json, numpy as np
+    cfg = replace(CFG, vocab_size=np.int64(11), n_layers=torch.tensor(2), n_knots=np.int32(16), spline_range=np.float32(4.0))
+    assert type(cfg.vocab_size) is int and type(cfg.n_layers) is int and type(cfg.n_knots) is int
+    assert type(cfg.spline_range) is float
+    json.dumps(cfg.to_dict())                       # numpy scalars would not serialise
+    assert TransformerConfig.from_dict(cfg.to_dict()) == cfg
+    replace(CFG, mlp_init=torch.tanh, attn_init="exp")   # callables and known names stay allowed
+
+
+@pytest.mark.parametrize("make", [lambda: Transformer(CFG), lambda: Ensemble(CFG, n_models=2)])
+def test_token_ids_are_checked(make):
+    model = make()
+    x = tokens()
+    for bad, message in [(x.float(), "integer"), (x.bool(), "integer"), (x.clone().fill_(11), r"\[0, 11\)"),
+                         (x.clone().fill_(-1), r"\[0, 11\)")]:
+        with pytest.raises(ValueError, match=message):
+            model(bad)
+    with torch.no_grad():
+        ref = model(x)
+        for dt in (torch.int32, torch.int16, torch.uint8):
+            assert torch.equal(model(x.to(dt)), ref), dt
+
+
+def test_concurrent_nonlinearities_saves_never_crash(tmp_path):
+    import threading
+    nls = [Transformer(replace(CFG, mlp_init=i)).nonlinearities for i in ("gelu", "relu", "identity")]
+    path, errors = tmp_path / "nl.safetensors", []
+    def writer(nl):
+        try:
+            for _ in range(100): nl.save(path)
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=writer, args=(nl,)) for nl in nls]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors, errors
+    back = Nonlinearities.load(path)
+    assert any(torch.equal(back.mlp[0].values, nl.mlp[0].values) for nl in nls)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nl.json", "nl.safetensors"]
+
+
+def test_nonlinearities_checksum(tmp_path):
+    from safetensors import safe_open
+    p = Transformer(CFG).nonlinearities.save(tmp_path / "nl")
+    with safe_open(str(p), framework="pt") as f: assert len(f.metadata()["sha256"]) == 64
+    data = bytearray(p.read_bytes()); data[-4] ^= 0x01; p.write_bytes(bytes(data))   # a tiny, finite change
+    with pytest.raises(ValueError, match=r"nl\.safetensors.*checksum"):
+        Nonlinearities.load(p)
+
+
+def test_spline_attention_scores_are_float32_under_autocast():
+    "Under bf16 autocast the spline sees the float32 scores, not a bf16 matmul cast up afterwards."
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 8) for _ in range(3))
+    spline = LinearSpline(16, -4.0, 4.0, init="exp")
+    seen = []
+    def phi(s): seen.append(s.detach().clone()); return spline(s)
+    want = (q @ k.transpose(-2, -1)) / 8 ** 0.5
+    for fn in ("spline", "hardmax"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            attend(q, k, v, fn, phi=phi)
+            w = attention_weights(q, k, fn, phi=phi)
+    assert len(seen) == 2 and all(s.dtype == torch.float32 for s in seen)
+    for s in seen: torch.testing.assert_close(s, want, rtol=1e-5, atol=1e-5)   # a bf16 matmul is off by ~1e-2
+    # hardmax picks the float32 maximum: its weights equal those computed without autocast
+    torch.testing.assert_close(w, attention_weights(q, k, "hardmax"))

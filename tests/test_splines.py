@@ -359,3 +359,74 @@ def test_float32_every_table_size(backend, K):
         set_spline_backend(backend)
         torch.testing.assert_close(xx.grad, xr.grad, rtol=1e-5, atol=1e-5)   # NaN inputs too: same rule everywhere
         torch.testing.assert_close(vv.grad, vr.grad, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+# ---- issue 14: concurrent saves, checksums, early validation ----
+
+@pytest.mark.parametrize("suffix", [".json", ".safetensors"])
+def test_concurrent_saves_never_crash(tmp_path, suffix):
+    "Two writers saving to one path at once: neither dies, and the file always loads (no fixed <path>.tmp to race on)."
+    import threading
+    path = tmp_path / f"s{suffix}"
+    splines = [LinearSpline(16, -2, 2, init=i) for i in ("gelu", "relu")]
+    errors = []
+    def writer(s):
+        try:
+            for _ in range(40): save_spline(s, path)
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=writer, args=(s,)) for s in splines]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors, errors
+    back = load_spline(path).values.detach()
+    assert any(torch.equal(back, s.values.detach()) for s in splines)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]   # no temporary file left behind
+
+
+def _flip_payload_byte(path):
+    "Change the last byte of a safetensors file (inside the last tensor's data) so the values stay finite."
+    data = bytearray(path.read_bytes())
+    data[-4] ^= 0x01   # lowest mantissa byte of the last float32: a tiny, finite change
+    path.write_bytes(bytes(data))
+
+
+def test_safetensors_spline_checksum(tmp_path):
+    s = LinearSpline(8, -2, 2, init="gelu")
+    p = save_spline(s, tmp_path / "s.safetensors")
+    from safetensors import safe_open
+    with safe_open(str(p), framework="pt") as f: assert len(f.metadata()["sha256"]) == 64
+    _flip_payload_byte(p)
+    with pytest.raises(SplineFormatError, match=r"s\.safetensors.*checksum"): load_spline(p)
+
+
+def test_safetensors_spline_without_checksum_loads_with_warning(tmp_path):
+    "Files written before checksums existed still load, with a warning saying they cannot be verified."
+    from safetensors.torch import save_file
+    s = LinearSpline(8, -2, 2, init="relu")
+    rec = {"format": sp.SPLINE_FORMAT, "kind": "LinearSpline", "n_knots": "8", "x_min": "-2.0", "x_max": "2.0", "extrapolate": "constant"}
+    p = tmp_path / "old.safetensors"
+    save_file({"values": s.values.detach().contiguous(), "knots": s.knots.contiguous()}, str(p), metadata=rec)
+    with pytest.warns(UserWarning, match="no checksum"): back = load_spline(p)
+    assert torch.equal(back.values.detach(), s.values.detach())
+
+
+def test_bank_index_must_be_an_integer():
+    bank = SplineBank(3, 8, -2, 2, init="relu")
+    x = torch.randn(5)
+    for bad in (torch.tensor(1.0), 1.0, True, torch.tensor(True), torch.tensor([1])):
+        with pytest.raises(ValueError, match="index must be an integer"): bank(x, index=bad)
+    for good in (1, np.int64(1), torch.tensor(1)):
+        torch.testing.assert_close(bank(x, index=good), bank(x, index=1))
+    with pytest.raises(ValueError, match="dim must be an integer"): bank(torch.randn(2, 3), dim=1.0)
+    torch.testing.assert_close(bank(torch.randn(2, 3).abs(), dim=np.int64(1)).shape, (2, 3))
+
+
+def test_numpy_and_tensor_integers_are_ints():
+    s = LinearSpline(np.int64(8), np.float32(-2), 2)
+    assert s.n_knots == 8 and type(s.n_knots) is int
+    b = SplineBank(torch.tensor(3), np.int32(8), -2, 2)
+    assert b.n_splines == 3 and type(b.n_splines) is int and b.values.shape == (3, 8)
+    assert to_polynomial(s, degree=np.int64(4)).degree == 4
+    for bad in (dict(n_knots=1), dict(n_knots=8.0), dict(n_knots=True)):
+        with pytest.raises(ValueError, match="n_knots"): LinearSpline(**bad)
+    with pytest.raises(ValueError, match="n_splines"): SplineBank(2.0, 8)
