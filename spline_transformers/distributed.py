@@ -26,13 +26,15 @@ import torch.nn as nn
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# %% ../nbs/10_distributed.ipynb #ba2f921c
+# %% ../nbs/10_distributed.ipynb #435bf892
 from .model import TransformerConfig
 from .ensemble import Ensemble
 from .tasks import get_task
 from .model import Nonlinearities
-from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state, atomic_write_bytes
+from .core import atomic_write
+from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state
 from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, TransferCell, transfer_cells, run_cell,
+                                           cell_name, check_disjoint_seeds, TRANSFER_SEEDS,
                                            assemble_transfer, TransferMatrix)
 
 # %% ../nbs/10_distributed.ipynb #40a5cc5e
@@ -331,7 +333,7 @@ class GradAllReduce:
             if p.grad is None: p.grad = g.clone()
             else: p.grad.copy_(g)
 
-# %% ../nbs/10_distributed.ipynb #e8a4c78d
+# %% ../nbs/10_distributed.ipynb #1298a3d6
 def rank_checkpoint_dir(
     base:Union[str,Path], # the run's checkpoint_dir
     rank:int, # this rank
@@ -355,7 +357,8 @@ def agreed_resume(
     info:DistInfo, # this rank
 )->Optional[Path]:
     "This rank's checkpoint of the newest step that *every* rank wrote (a rank that died mid-write may lack the last one)."
-    if resume in (None, False) or base is None: return None
+    if resume in (None, False): return None
+    if base is None: raise ValueError("resume needs checkpoint_dir, the folder of the run's checkpoints; set it (or --checkpoint-dir)")
     base = Path(base); _check_world(base, info.world_size)
     mine = {int(p.stem.split("-")[1]) for p in list_checkpoints(rank_checkpoint_dir(base, info.rank, info.world_size))}
     everyone = all_gather_objects(mine, "agreeing on the checkpoint to resume from")
@@ -364,7 +367,9 @@ def agreed_resume(
         step = int(resume)
         if step not in common: raise ValueError(f"resume={resume!r}: step {step} was not checkpointed by every rank; "
                                                 f"steps every rank has: {sorted(common)}")
-    elif not common: return None
+    elif not common:
+        if info.is_main: print(f"no checkpoint that every rank wrote in {base}; starting from step 0", file=sys.stderr, flush=True)
+        return None
     else: step = max(common)
     return checkpoint_path(rank_checkpoint_dir(base, info.rank, info.world_size), step)
 
@@ -496,19 +501,19 @@ def merge_phase1(
     config = {**local.config, "phase1": p1.to_dict()}
     return Phase1Result(local.nonlinearities, best.freeze(), int(best_step), metrics, cost, config, ens)
 
-# %% ../nbs/10_distributed.ipynb #11751b95
+# %% ../nbs/10_distributed.ipynb #49e79ee5
 def cell_file(
     folder:Union[str,Path], # where finished cells are kept
     cell:TransferCell, # the cell
 )->Path:
-    "The CSV of a finished transfer cell's metrics."
-    return Path(folder) / f"{cell.source}__{cell.target}__seed{cell.seed}.csv"
+    "The CSV of a finished transfer cell's metrics (named by `two_phase.cell_name`, like the cell's checkpoint folder)."
+    return Path(folder) / f"{cell_name(cell)}.csv"
 
 def _run_or_load_cell(cell, sources, targets, arch, cfg, folder, resume)->pd.DataFrame:
     f = None if folder is None else cell_file(folder, cell)
     if resume and f is not None and f.is_file(): return pd.read_csv(f)
-    df = run_cell(cell, sources, targets, arch, cfg)
-    if f is not None: atomic_write_bytes(f, df.to_csv(index=False).encode())
+    df = run_cell(cell, sources, targets, arch, cfg, resume=bool(resume))   # an unfinished cell continues from its checkpoints
+    if f is not None: atomic_write(f, df.to_csv(index=False))
     return df
 
 def distributed_transfer(
@@ -516,19 +521,20 @@ def distributed_transfer(
     targets:dict, # name -> task (or task name)
     arch:TransformerConfig, # base architecture
     cfg:Optional[TrainConfig]=None, # hyperparameters shared by every cell; cfg.checkpoint_dir keeps finished cells
-    seeds:Sequence[int]=(0, 1, 2), # model seeds per cell
+    seeds:Sequence[int]=TRANSFER_SEEDS, # model seeds per cell (refused if they are Phase I seeds of a source)
     threshold:float=0.95, # accuracy threshold
-    resume=None, # None: every cell is run | True: cells already finished (in checkpoint_dir) are read back instead
+    resume=None, # None: every cell is run | True: finished cells are read back, unfinished ones continue from their checkpoints
     out_dir:Optional[Union[str,Path]]=None, # rank 0 writes the matrices and all metrics there (CSV)
     backend:Optional[str]=None, # "nccl" | "gloo" | None (NCCL on GPUs, gloo on CPU)
     timeout:Optional[float]=None, # seconds a collective may wait (None: $SPLINE_TRANSFORMERS_DIST_TIMEOUT or 300)
 )->Optional[TransferMatrix]:
     "The transfer matrix with its (source, target, seed) cells dealt round-robin to the ranks; rank 0 returns (and writes) the matrix, the others None."
+    for src in sources.values(): check_disjoint_seeds(seeds, src)   # every rank refuses alike, before any collective
     info = init_distributed(backend, timeout)
     cfg = cfg or TrainConfig()
     cells = transfer_cells(list(sources), list(targets), seeds)
     folder = None if cfg.checkpoint_dir is None else Path(cfg.checkpoint_dir) / "cells"
-    cell_cfg = replace(cfg, device=_rank_device(cfg.device, info), checkpoint_dir=None, progress=False)
+    cell_cfg = replace(cfg, device=_rank_device(cfg.device, info), progress=False)   # run_cell checkpoints each cell into its own subfolder
     mine = [(i, c) for i, c in enumerate(cells) if i % info.world_size == info.rank]
     done = [(i, _run_or_load_cell(c, sources, targets, arch, cell_cfg, folder, resume).to_dict("records")) for i, c in mine]
     parts = all_gather_objects(done, "gathering the transfer cells on rank 0")
@@ -544,11 +550,11 @@ def write_transfer(
 )->Path:
     "Write each matrix and the cells' metrics as CSV files into `out_dir`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    for k in ("speedup", "median_steps", "final_id", "final_ood"): getattr(tm, k).to_csv(out / f"{k}.csv")
-    tm.metrics.to_csv(out / "metrics.csv", index=False)
+    for k in ("speedup", "median_steps", "final_id", "final_ood"): atomic_write(out / f"{k}.csv", getattr(tm, k).to_csv())
+    atomic_write(out / "metrics.csv", tm.metrics.to_csv(index=False))
     return out
 
-# %% ../nbs/10_distributed.ipynb #9d2b53ef
+# %% ../nbs/10_distributed.ipynb #a42048d8
 def _kv(items)->dict:
     "['n_digits=3', 'ood_digits=[4,5]'] -> {'n_digits': 3, 'ood_digits': [4, 5]} (values parsed as JSON when they can be)."
     out = {}
@@ -611,7 +617,7 @@ def run_worker(a)->Optional[str]:
     sources = _kv(a.source)
     if not sources: raise ValueError("transfer needs at least one --source name=path (a folder written by phase1, or a .safetensors)")
     targets = {t: get_task(t, seed=a.task_seed, **params) for t in a.task.split(",")}
-    tm = distributed_transfer(sources, targets, arch, cfg, seeds=a.seeds or (0, 1, 2), threshold=a.threshold,
+    tm = distributed_transfer(sources, targets, arch, cfg, seeds=a.seeds or TRANSFER_SEEDS, threshold=a.threshold,
                               resume=a.resume, out_dir=a.out, backend=a.backend, timeout=a.timeout)
     return None if tm is None else f"transfer: {len(tm.metrics.groupby(['model', 'target', 'seed']))} cells" + (f", results in {a.out}" if a.out else "")
 
@@ -625,8 +631,8 @@ def main(argv:Optional[Sequence[str]]=None)->NoReturn:
         if msg: print(msg, flush=True)
     except RankFailure as e: print(f"ERROR: {e}", file=sys.stderr); code = 2
     except Exception as e:
-        import traceback; traceback.print_exc()
-        print(f"ERROR on rank {dist_info().rank}: {type(e).__name__}: {e}", file=sys.stderr); code = 1
+        msg = " ".join(str(e).split()) or "(no message)"
+        print(f"ERROR on rank {dist_info().rank}: {type(e).__name__}: {msg}", file=sys.stderr); code = 1
     shutdown(code)
 
 # %% ../nbs/10_distributed.ipynb #1817c78c

@@ -14,6 +14,7 @@ import torch
 from spline_transformers.distributed import (launch, shard, shard_sizes, torchrun_command, init_distributed, is_distributed,
                                              rank_checkpoint_dir, agreed_resume, dist_info, GradAllReduce, FAULT_ENV,
                                              worker_parser, configs_from_args, _parse_fault, distributed_phase1)
+from spline_transformers.core import atomic_write
 from spline_transformers.model import Nonlinearities
 from spline_transformers.tasks import get_task
 from spline_transformers.two_phase import phase1, Phase1Config, load_phase1, transfer, arch_for
@@ -61,7 +62,7 @@ def test_phase1_two_ranks_match_one_process(tmp_path, reference):
     assert _max_diff(reference.nonlinearities, got.nonlinearities) < TOL
     assert got.best_step == reference.best_step and _max_diff(reference.best, got.best) < TOL
     assert _same_metrics(reference.metrics, got.metrics) < TOL
-    assert set(got.metrics.seed) == {0, 1, 2}
+    assert set(got.metrics.seed) == {100, 101, 102}   # the default Phase I seeds
 
 
 def test_killed_rank_stops_the_job_and_resume_finishes_the_run(tmp_path, reference):
@@ -102,6 +103,15 @@ def test_transfer_two_ranks_match_one_process(tmp_path):
         assert np.allclose(m.values.astype(float), getattr(ref, k).values.astype(float), atol=TOL, equal_nan=True), (k, m, getattr(ref, k))
 
 
+def test_failed_job_prints_one_line_per_rank(tmp_path):
+    "A user error on every rank: each rank prints one ERROR line, and no traceback of ours."
+    r, wall = _run(PHASE1.replace("--n-models 3", "--n-models 1"))
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if "cannot be shared by 2 ranks" in l]
+    assert sorted(l.split(":")[0] for l in lines) == ["ERROR on rank 0", "ERROR on rank 1"], r.stderr[-3000:]
+    assert "spline_transformers/" not in r.stderr, r.stderr[-3000:]   # no frame of this package in any traceback
+
+
 def test_sharding_and_commands():
     assert shard_sizes(5, 2) == [3, 2] and shard_sizes(2, 3) == [1, 1, 0]
     assert shard(list(range(5)), 0, 2) + shard(list(range(5)), 1, 2) == list(range(5))
@@ -136,7 +146,7 @@ def test_transfer_resume_reads_finished_cells(tmp_path, monkeypatch):
     from spline_transformers.two_phase import TransferCell
     cell = TransferCell("s", "add", 1)
     df = pd.DataFrame(dict(step=[4], model=["s"], seed=[1], split=["test"], metric=["loss"], value=[0.25], target=["add"]))
-    D.atomic_write_bytes(D.cell_file(tmp_path, cell), df.to_csv(index=False).encode())
+    atomic_write(D.cell_file(tmp_path, cell), df.to_csv(index=False))
     def boom(*a, **k): raise AssertionError("run_cell must not be called for a finished cell")
     monkeypatch.setattr(D, "run_cell", boom)
     back = D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=True)

@@ -1,6 +1,6 @@
 """The trainer's guarantees: exact resumption from any checkpoint (also after a simulated kill), clear errors for corrupt
 or mismatched checkpoints, divergence handling, device errors, and CPU reproducibility."""
-import math, shutil
+import json, math, shutil
 
 import pandas as pd
 import pytest
@@ -123,8 +123,10 @@ def test_mismatched_checkpoints_are_clear_errors(task, reference):
         torch.manual_seed(0)
         big = Transformer(TransformerConfig(vocab_size=task.vocab_size, n_layers=1, d_model=64, n_heads=2, max_len=task.max_len))
         train(big, task, cfg_for(None), resume=ck)
-    with pytest.raises(CheckpointError, match="train.lr"):
-        train(make_model(task), task, cfg_for(None, lr=1e-2), resume=ck)
+    with pytest.raises(CheckpointError, match="train.warmup"):
+        train(make_model(task), task, cfg_for(None, warmup=5), resume=ck)
+    with pytest.raises(CheckpointError, match="train.seed"):
+        train(make_model(task), task, cfg_for(None, seed=4), resume=ck)
     # run-only settings may change on resumption
     res = train(make_model(task), task, cfg_for(None, progress=False, checkpoint_every=2), resume=ck)
     assert res.steps_run == 8
@@ -177,3 +179,77 @@ def test_ensemble_training_equals_separate_runs(task):
         a = single.metrics.drop(columns="seed").reset_index(drop=True)
         b = ens.metrics[ens.metrics.seed == s].drop(columns="seed").reset_index(drop=True)
         pd.testing.assert_frame_equal(a, b, atol=1e-5, check_exact=False)
+
+
+# ---------------------------------------------------------------- issue 14: nothing lost, nothing silent
+import os, socket, subprocess, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+
+def _all_finite(state) -> bool:
+    "Every tensor in a loaded checkpoint's module and optimiser state is finite."
+    def walk(x):
+        if isinstance(x, torch.Tensor): return bool(torch.isfinite(x).all()) if x.is_floating_point() else True
+        if isinstance(x, dict): return all(walk(v) for v in x.values())
+        if isinstance(x, (list, tuple)): return all(walk(v) for v in x)
+        return True
+    return walk(state["module"]) and walk(state["optimizers"])
+
+
+def test_update_that_breaks_the_weights_is_never_checkpointed(task, tmp_path):
+    "An update making a weight infinite (its loss was finite) must not be saved; the message names a finite checkpoint, and resuming from it with a lower lr works."
+    calls = []
+    def poison(opt, args, kwargs):
+        calls.append(1)
+        if len(calls) == 8:   # the update of step 7: the run is at step 8 right after it, a checkpoint step
+            with torch.no_grad(): opt.param_groups[0]["params"][0].fill_(math.inf)
+    h = register_optimizer_step_post_hook(poison)
+    try:
+        with pytest.raises(TrainingDiverged) as e:
+            train(make_model(task), task, cfg_for(tmp_path, checkpoint_every=4))
+    finally: h.remove()
+    for p in list_checkpoints(tmp_path): assert _all_finite(load_state(p)["state"]), f"{p.name} holds non-finite state"
+    ck = e.value.checkpoint
+    assert ck is not None and ck.name == "step-00000004.safetensors", str(e.value)
+    assert str(ck) in str(e.value) and "lr" in str(e.value)
+    assert _all_finite(load_state(ck)["state"])
+    # the advice can be followed: resume from that checkpoint with a lower learning rate; the change is in the metrics
+    res = train(make_model(task), task, cfg_for(tmp_path, checkpoint_every=4, lr=1e-3), resume=ck)
+    assert (res.steps, res.steps_run) == (12, 8)
+    lr_rows = res.metrics[res.metrics.metric == "lr"]
+    assert list(lr_rows.step) == [4] and list(lr_rows.value) == [1e-3], lr_rows
+    again = train(make_model(task), task, cfg_for(tmp_path, checkpoint_every=4, lr=1e-3), resume="latest")   # the new lr is the run's now
+    assert again.steps_run == 0
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"]); p.wait()
+    return p.pid
+
+
+def test_checkpoint_folder_is_locked_and_cleaned(task, tmp_path, capsys):
+    d = tmp_path / "ck"; d.mkdir()
+    (d / ".lock").write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))   # a live process holds it
+    with pytest.raises(RuntimeError, match=r"checkpoint folder .* is in use by process"):
+        train(make_model(task), task, cfg_for(d, steps=4))
+    assert not list_checkpoints(d)
+    dead = _dead_pid()
+    (d / ".lock").write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))   # its run is gone: taken over
+    stale = d / f".step-00000004.safetensors.tmp-{dead}-abc123"; stale.write_bytes(b"half a checkpoint")
+    res = train(make_model(task), task, cfg_for(d, steps=4))
+    assert res.steps == 4 and not stale.exists() and not (d / ".lock").exists()
+
+
+def test_resume_says_when_there_is_nothing_to_resume(task, tmp_path, capsys):
+    train(make_model(task), task, cfg_for(tmp_path / "empty", steps=2), resume=True)
+    err = capsys.readouterr().err
+    assert f"no checkpoint in {tmp_path / 'empty'}; starting from step 0" in err
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        train(make_model(task), task, cfg_for(None, steps=2), resume=True)
+
+
+def test_resume_refuses_other_task_parameters(task, tmp_path):
+    train(make_model(task), task, cfg_for(tmp_path, steps=4))
+    other = get_task("add", seed=0, n_digits=2, ood_digits=(4, 4))
+    with pytest.raises(CheckpointError, match="different run"):
+        train(make_model(task), other, cfg_for(tmp_path, steps=4), resume=True)

@@ -1,6 +1,7 @@
 """Phase I's gradient routing (checked against a hand-written step), the grad hook, staggered starts, exact resumption,
 saving/loading results, Phase II freezing, and the transfer-matrix cells."""
 import math, shutil
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -12,7 +13,8 @@ from spline_transformers.tasks import get_task
 from spline_transformers.train import (CheckpointError, TrainConfig, data_generator, derive_seed, list_checkpoints,
                                        masked_cross_entropy, stack_batches)
 from spline_transformers.two_phase import (Phase1Config, arch_for, assemble_transfer, baseline, compare, load_phase1,
-                                           phase1, phase2, run_cell, standard_arch, transfer_cells)
+                                           phase1, phase2, run_cell, standard_arch, transfer_cells,
+                                           cell_name, transfer)
 
 torch.set_num_threads(1)
 
@@ -72,7 +74,7 @@ def test_staggered_models_keep_their_init_until_they_start(task):
     starts = _staggered_starts(8, 4)
     assert starts[0] == 0 and starts[6] == 3 and starts[7] == 4      # model 7 would start after the last step
     res = phase1(task, ARCH, tcfg(steps=4), Phase1Config(n_models=8, staggered=True, arch_loss="train"))
-    init = Ensemble(arch_for(task, ARCH), seeds=list(range(8)))
+    init = Ensemble(arch_for(task, ARCH), seeds=list(range(100, 108)))   # the default Phase I seeds
     w, w0 = res.ensemble.weight("blocks.0.mlp.fc.weight"), init.weight("blocks.0.mlp.fc.weight")
     assert not torch.equal(w[0], w0[0]) and not torch.equal(w[6], w0[6])
     assert torch.equal(w[7], w0[7])
@@ -141,5 +143,78 @@ def test_transfer_cells_checkpoint_apart(task, tmp_path):
     cfg = tcfg(steps=2, eval_examples=16, checkpoint_dir=str(tmp_path), checkpoint_every=2)
     for c in cells: run_cell(c, {"add": src}, {"add": task}, ARCH, cfg)
     folders = sorted(p.name for p in tmp_path.iterdir())
-    assert folders == sorted(f"{c.source}--{c.target}--seed{c.seed}" for c in cells), folders
+    assert folders == sorted(cell_name(c) for c in cells) == ["add__add__seed0", "add__add__seed1", "standard__add__seed0", "standard__add__seed1"], folders
     assert all(list_checkpoints(tmp_path / f) for f in folders)
+
+
+# ---------------------------------------------------------------- issue 14: nothing lost, nothing silent
+class Kill(Exception): pass
+
+def kill_at(step):
+    def cb(rows):
+        if int(rows.step.iloc[0]) == step: raise Kill(step)
+    return cb
+
+
+def same_weights(a, b):
+    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()): assert torch.equal(x, y), k
+
+
+@pytest.fixture(scope="module")
+def source(task):
+    return phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2, spline_lr=0.05))
+
+
+def test_phase2_arms_checkpoint_apart_and_resume_exactly(task, source, tmp_path, capsys):
+    full = phase2(task, source, ARCH, tcfg(steps=6), seeds=[0, 1])
+    cfg = tcfg(steps=6, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    with pytest.raises(Kill): phase2(task, source, ARCH, cfg, seeds=[0, 1], callbacks=[kill_at(4)])
+    base = baseline(task, ARCH, cfg, seeds=[0, 1])          # the other arm, same checkpoint_dir
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["learned", "standard"]
+    assert list_checkpoints(tmp_path / "learned")[-1].name == "step-00000004.safetensors"
+    assert list_checkpoints(tmp_path / "standard")[-1].name == "step-00000006.safetensors"
+    again = phase2(task, source, ARCH, cfg, seeds=[0, 1], resume=True)
+    assert (again.steps, again.steps_run) == (6, 2)
+    same_weights(full.model, again.model)
+    pd.testing.assert_frame_equal(full.metrics, again.metrics)
+    b2 = baseline(task, ARCH, cfg, seeds=[0, 1], resume=True)   # a finished arm resumes to its end: nothing to do
+    assert b2.steps_run == 0
+    pd.testing.assert_frame_equal(base.metrics, b2.metrics)
+    with pytest.raises(CheckpointError, match="different run"): phase2(task, source, ARCH, cfg, seeds=[0, 2], resume=True)
+    with pytest.raises(CheckpointError, match="different run"): phase2(task, source, ARCH, cfg, seeds=[0, 1], resume=True, seed=9)
+    other = Nonlinearities.from_config(arch_for(task, ARCH))            # other learned splines are another run too
+    with pytest.raises(CheckpointError, match="different run"): phase2(task, other, ARCH, cfg, seeds=[0, 1], resume=True)
+    capsys.readouterr()
+    baseline(task, ARCH, tcfg(steps=2, checkpoint_dir=str(tmp_path / "new")), seeds=[0], resume=True)
+    assert f"no checkpoint in {tmp_path / 'new' / 'standard'}; starting from step 0" in capsys.readouterr().err
+
+
+def test_transfer_resumes_every_cell(task, source, tmp_path):
+    cfg = tcfg(steps=4, eval_examples=16, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    first = transfer({"add": source}, {"add": task}, ARCH, cfg, seeds=[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["add__add__seed0", "standard__add__seed0"]
+    again = transfer({"add": source}, {"add": task}, ARCH, cfg, seeds=[0], resume=True)
+    pd.testing.assert_frame_equal(first.metrics, again.metrics)
+    with pytest.raises(CheckpointError, match="different run"):
+        transfer({"add": source}, {"add": task}, ARCH, replace(cfg, seed=6), seeds=[0], resume=True)
+
+
+def test_default_seeds_are_disjoint_and_overlap_is_refused(task, source, tmp_path):
+    import inspect
+    assert Phase1Config().seeds == tuple(range(100, 108)) and Phase1Config(n_models=3).seeds == (100, 101, 102)
+    for f in (phase2, baseline, transfer):
+        assert not set(inspect.signature(f).parameters["seeds"].default) & set(Phase1Config(n_models=64).seeds)
+    with pytest.raises(ValueError, match=r"overlap the Phase I seeds \[100, 101\]"): phase2(task, source, ARCH, tcfg(), seeds=[0, 101])
+    folder = source.save(tmp_path / "p1")
+    with pytest.raises(ValueError, match="overlap the Phase I seeds"): phase2(task, folder, ARCH, tcfg(), seeds=[100])
+    with pytest.raises(ValueError, match="overlap the Phase I seeds"):
+        phase2(task, folder / "best.safetensors", ARCH, tcfg(), seeds=[100])
+    with pytest.raises(ValueError, match="overlap the Phase I seeds"):
+        transfer({"add": folder}, {"add": task}, ARCH, tcfg(), seeds=[100])
+
+
+def test_phase1_refuses_the_train_spline_settings(task):
+    "Phase I's spline optimiser is Phase1Config's: TrainConfig's spline fields (used by `train`) are refused, not ignored."
+    with pytest.raises(ValueError, match="Phase1Config.spline_lr"): phase1(task, ARCH, tcfg(spline_lr=0.5), Phase1Config(n_models=2))
+    with pytest.raises(ValueError, match="Phase1Config.spline_lr"):
+        phase1(task, ARCH, tcfg(spline_betas=(0.9, 0.9)), Phase1Config(n_models=2))
