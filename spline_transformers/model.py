@@ -532,7 +532,7 @@ def load_nonlinearities(self:Transformer,
     if freeze: self.nonlinearities.freeze()
     return self
 
-# %% ../nbs/03_model.ipynb #d7268d64
+# %% ../nbs/03_model.ipynb #1d30fcfc
 @patch
 @torch.no_grad()
 def generate(self:Transformer,
@@ -543,7 +543,9 @@ def generate(self:Transformer,
              generator:Optional[torch.Generator]=None, # random source for sampling
             )->torch.Tensor:
     "The prompt followed by `max_new_tokens` generated tokens, (B, T0 + max_new_tokens)."
-    if temperature < 0: raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=0)
+    temperature = check_number("temperature (0 means greedy)", temperature, lo=0.0)
+    if top_k is not None: top_k = check_int("top_k", top_k, lo=1)
     squeeze = prompt.dim() == 1
     idx = prompt[None] if squeeze else prompt
     was_training = self.training; self.eval()

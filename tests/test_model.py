@@ -443,3 +443,14 @@ def test_spline_attention_scores_are_float32_under_autocast():
     for s in seen: torch.testing.assert_close(s, want, rtol=1e-5, atol=1e-5)   # a bf16 matmul is off by ~1e-2
     # hardmax picks the float32 maximum: its weights equal those computed without autocast
     torch.testing.assert_close(w, attention_weights(q, k, "hardmax"))
+
+
+def test_generate_arguments_are_checked():
+    import numpy as np
+    model = Transformer(replace(CFG, pos="learned"))
+    prompt = tokens(1, 4)
+    assert model.generate(prompt, np.int64(2), temperature=0).shape == (1, 6)
+    for kw, message in [(dict(max_new_tokens=2.5), "max_new_tokens"), (dict(max_new_tokens=-1), "max_new_tokens"),
+                        (dict(max_new_tokens=2, top_k=0), "top_k"), (dict(max_new_tokens=2, temperature=float("nan")), "temperature")]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, **kw)
