@@ -819,7 +819,7 @@ class SplineBank(_SplineBase):
 
     def extra_repr(self): return f"n_splines={self.n_splines}, " + super().extra_repr()
 
-# %% ../nbs/01_splines.ipynb #b76b5074
+# %% ../nbs/01_splines.ipynb #7ff3e5dc
 SPLINE_FORMAT = "spline_transformers.spline/v1"
 SPLINE_KINDS = ("LinearSpline", "SplineBank")
 
@@ -920,6 +920,7 @@ def load_spline(
     "Load a `LinearSpline` or `SplineBank` saved by `save_spline`, validating it."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"{path}: no such spline file")
+    tensors = None
     try:
         if path.suffix == ".json":
             rec = json.loads(path.read_text())
@@ -928,7 +929,6 @@ def load_spline(
             knots = torch.tensor(rec["knots"], dtype=torch.float64)
         elif path.suffix == ".safetensors":
             tensors, rec = read_safetensors(path)
-            verify_checksum(path, tensors, rec, SplineFormatError)
             values, knots = tensors["values"].double(), tensors["knots"].double()
         else: raise ValueError(f"{path}: unknown suffix {path.suffix!r}; use .json or .safetensors")
         fmt, kind, ext = rec["format"], rec["kind"], rec["extrapolate"]
@@ -939,6 +939,7 @@ def load_spline(
         if isinstance(e, ValueError) and "unknown suffix" in str(e): raise
         raise SplineFormatError(f"{path}: cannot read it as a saved spline ({type(e).__name__}: {e})") from None
     if fmt != SPLINE_FORMAT: raise SplineFormatError(f"{path}: format {fmt!r}, expected {SPLINE_FORMAT!r}")
+    if tensors is not None: verify_checksum(path, tensors, rec, SplineFormatError)   # safetensors files carry one
     _validate(path, kind, values, knots, x_min, x_max, ext)
     K = values.shape[-1]
     if kind == "LinearSpline": out = LinearSpline(K, x_min, x_max, init="zeros", extrapolate=ext)
