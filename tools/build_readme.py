@@ -2,6 +2,7 @@
 
     python tools/build_readme.py          # write README.md
     python tools/build_readme.py --check  # exit 1 if README.md is out of date
+    python tools/build_readme.py --commands  # the README's install and test commands, one per line (what .ci/run runs)
 """
 import json, re, sys
 from pathlib import Path
@@ -27,7 +28,21 @@ def readme_text(index=INDEX):
     return HEADER + "\n\n".join(parts) + "\n"
 
 
+DEMO = "spline-transformers demo"   # the full demo takes minutes; the tests run it as `demo --quick`
+
+
+def commands(readme=README, ci=True):
+    "The commands of the README's ```sh blocks, in order, `&&` chains split; with `ci`, without the full demo."
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", Path(readme).read_text(), re.S):
+        for line in block.splitlines():
+            out += [c.strip() for c in line.split("&&") if c.strip() and not c.strip().startswith("#")]
+    return [c for c in out if not (ci and c.startswith(DEMO))]
+
+
 if __name__ == "__main__":
+    if "--commands" in sys.argv:
+        print("\n".join(commands())); sys.exit(0)
     text = readme_text()
     if "--check" in sys.argv:
         ok = README.exists() and README.read_text() == text
