@@ -15,7 +15,7 @@ from typing import Callable, Union
 __all__ = ['EXTRAPOLATIONS', 'INITS', 'BACKENDS', 'ENV_BACKEND', 'CPP_SOURCE', 'SPLINE_FORMAT', 'SPLINE_KINDS', 'REFERENCES',
            'BackendChoice', 'set_spline_backend', 'spline_backend', 'SplineFunction', 'spline_eval', 'init_values',
            'LinearSpline', 'SplineBank', 'SplineFormatError', 'tensor_checksum', 'save_spline', 'read_safetensors',
-           'verify_checksum', 'load_spline', 'ChebyshevApprox', 'to_polynomial', 'reference_curve', 'plot_spline',
+           'verify_checksum', 'load_spline', 'ChebyshevApprox', 'to_polynomial', 'reference_function', 'plot_spline',
            'plot_derivative']
 
 # %% ../nbs/01_splines.ipynb #003a3ae7
@@ -1014,11 +1014,11 @@ LinearSpline.to_polynomial = lambda self, degree=24, samples=None: to_polynomial
 # %% ../nbs/01_splines.ipynb #8d66c9ef
 import plotly.graph_objects as go
 
-# %% ../nbs/01_splines.ipynb #2ec46aba
+# %% ../nbs/01_splines.ipynb #b5ebed9f
 REFERENCES = {"gelu": F.gelu, "relu": torch.relu, "identity": lambda x: x.clone(), "exp": torch.exp,
               "zeros": torch.zeros_like}  # reference curves; "exp" is drawn as exp(x - x_max)
 
-def reference_curve(
+def reference_function(
     reference, # a name from `REFERENCES`, a callable on tensors, or None
     x_max:float, # the spline's last knot ("exp" is drawn as exp(x - x_max))
 )->tuple:
@@ -1046,7 +1046,7 @@ def plot_spline(
     pad = 0.1 * (b - a)
     x = torch.linspace(a - pad, b + pad, n, dtype=torch.float64)
     fig = go.Figure()
-    name, ref = reference_curve(reference, b)
+    name, ref = reference_function(reference, b)
     if ref is not None:
         fig.add_scatter(x=x.numpy(), y=ref(x).numpy(), name=name, line=dict(dash="dash", color="gray"))
     knots = spline.knots.detach().cpu().numpy()
@@ -1068,7 +1068,7 @@ def plot_derivative(
     a, b, K = spline.x_min, spline.x_max, spline.n_knots
     h, pad = spline.h, 0.1 * (b - a)
     fig = go.Figure()
-    name, ref = reference_curve(reference, b)
+    name, ref = reference_function(reference, b)
     if ref is not None:
         x = torch.linspace(a - pad, b + pad, 2001, dtype=torch.float64, requires_grad=True)
         dy, = torch.autograd.grad(ref(x).sum(), x)

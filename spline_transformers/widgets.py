@@ -28,7 +28,7 @@ import plotly.io as pio
 import ipywidgets as W
 from IPython.display import display
 from fastcore.basics import patch
-from .splines import LinearSpline, SplineBank, init_values, reference_curve as _reference, REFERENCES as SPLINE_REFERENCES
+from .splines import LinearSpline, SplineBank, init_values, reference_function as _reference, REFERENCES as SPLINE_REFERENCES
 from .viz import BookRenderer
 
 # %% ../nbs/30_widgets.ipynb #583e82be
