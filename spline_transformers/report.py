@@ -23,11 +23,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-# %% ../nbs/09a_report.ipynb #7e28ec02
+# %% ../nbs/09a_report.ipynb #426f5fcd
+from .core import atomic_write
 from .model import Nonlinearities
 from .viz import seed_band_figure
 
-# %% ../nbs/09a_report.ipynb #e56c8d4b
+# %% ../nbs/09a_report.ipynb #cd925e3b
 PAGE_STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; max-width: 1150px;
        margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
@@ -87,10 +88,8 @@ class Report:
                 f"<style>{PAGE_STYLE}</style></head><body>\n" + "\n".join(self.parts) + foot + "\n</body></html>\n")
 
     def save(self, path:Union[str,Path])->Path:
-        "Write the page to `path` (folders created); returns the path."
-        path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp"); tmp.write_text(self.to_html(), encoding="utf-8"); tmp.replace(path)
-        return path
+        "Write the page to `path` atomically (`core.atomic_write`: a unique temporary file, then a rename; folders created)."
+        return atomic_write(path, self.to_html())
 
 # %% ../nbs/09a_report.ipynb #e19cf78f
 def splines_figure(

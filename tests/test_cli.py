@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from spline_transformers import cli
 from spline_transformers.cli import main, build_parser, UsageError, parse_ints, seed_list, quick_demo_config
 from spline_transformers.model import Nonlinearities
 from spline_transformers.tasks import TASKS
@@ -210,7 +211,8 @@ def test_phase1_writes_its_results(phase1_dir):
     info = json.loads((phase1_dir / "phase1.json").read_text())
     assert info["cost"]["n_models"] == 2 and info["cost"]["steps"] == 12
     m = pd.read_csv(phase1_dir / "metrics.csv")
-    assert set(m.seed) == {100, 101} and {"test", "arch"} <= set(m.split)
+    from spline_transformers.two_phase import Phase1Config
+    assert set(m.seed) == set(Phase1Config(n_models=2).seeds) and {"test", "arch"} <= set(m.split)   # the library's default seeds
     page = (phase1_dir / "report.html").read_text()
     assert page.count("plotly.js v") == 1 and "Phase I: 2 models" in page
 
@@ -221,7 +223,8 @@ def test_phase2_with_saved_splines(phase1_dir, tmp_path, capsys):
                              "--n-heads", "2", *TINY_TRAIN, "--out", out], capsys)
     assert code == 0, err
     m = pd.read_csv(out / "metrics.csv")
-    assert set(m.model) == {"learned", "standard"} and set(m.seed) == {0, 1}
+    from spline_transformers import two_phase
+    assert set(m.model) == {"learned", "standard"} and set(m.seed) == set(seed_list([2], cli.default_seeds(two_phase.phase2)))
     s = pd.read_csv(out / "summary.csv")
     assert set(s.model) == {"learned", "standard"} and "speedup" in s
     assert "did not help" in stdout or "helped" in stdout
@@ -253,7 +256,8 @@ def test_phase1_under_torchrun(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     info = json.loads((out / "phase1.json").read_text())
     assert info["cost"]["world_size"] == 2 and info["cost"]["n_models"] == 2
-    assert set(pd.read_csv(out / "metrics.csv").seed) == {100, 101}
+    from spline_transformers.two_phase import Phase1Config
+    assert set(pd.read_csv(out / "metrics.csv").seed) == set(Phase1Config(n_models=2).seeds)
     assert (out / "report.html").is_file() and p.stdout.count("phase1: 2 models") == 1     # only rank 0 reports
 
 
@@ -351,3 +355,280 @@ def test_phase1_and_phase2_on_a_small_corpus(tmp_path, capsys):
     assert set(s.model) == {"learned", "standard"} and {"final_loss", "final_token_acc"} <= set(s.columns)
     assert (s.final_loss < np.log(200)).all() and (tmp_path / "p2" / "report.html").is_file()
     assert "final_token_acc" in out
+
+
+# ---------------------------------------------------------------- issue 14: nothing lost, nothing silent
+import threading
+
+
+class Worked(Exception):
+    "Raised by a stand-in for the expensive step: reaching it means the command started its work."
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    "Every expensive step of the commands fails the test if reached."
+    def stop(*a, **k): raise Worked("the command started its work")
+    for name in ("run_demo", "phase1", "phase2", "baseline", "transfer", "prepare", "load_corpus", "interpolate_file"):
+        if hasattr(cli, name): monkeypatch.setattr(cli, name, stop)
+    import spline_transformers.distributed as dist
+    monkeypatch.setattr(dist, "distributed_phase1", stop); monkeypatch.setattr(dist, "distributed_transfer", stop)
+    import spline_transformers.interpolation as interp
+    monkeypatch.setattr(interp, "interpolate_file", stop)
+
+
+def _one_line_error(code, err):
+    assert code == 2, err
+    assert "Traceback" not in err and "error:" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def _command(cmd, out_flag, path, tmp_path, phase1_dir=None):
+    "A command line of `cmd` that is otherwise valid, writing to `path` through `out_flag`."
+    src = phase1_dir if phase1_dir is not None else tmp_path
+    base = {"demo": ["demo", "--quick"],
+            "phase1": ["phase1", *TASK, *TINY_MODEL, *TINY_TRAIN, "--n-models", "2"],
+            "phase2": ["phase2", *TASK, "--nonlinearities", src, *TINY_TRAIN],
+            "transfer": ["transfer", "--source", f"a={src}", "--targets", "add", *TINY_TRAIN],
+            "prepare": ["prepare", "--corpus", "text", "--files", tmp_path]}[cmd]
+    return [*base, out_flag, path]
+
+
+BAD_OUTS = {"a file": lambda t: (t / "afile.txt", "file"),
+            "under a file": lambda t: (t / "afile.txt" / "out", "file"),
+            "unwritable": lambda t: (Path("/proc/1/no_such_folder/out"), "writ")}
+
+
+@pytest.mark.parametrize("cmd", ["demo", "phase1", "phase2", "transfer", "prepare"])
+@pytest.mark.parametrize("kind", list(BAD_OUTS))
+def test_out_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
+    if kind == "unwritable" and not Path("/proc/1").is_dir(): pytest.skip("needs Linux /proc")
+    (tmp_path / "afile.txt").write_text("not a folder")
+    (tmp_path / "doc.txt").write_text("a small document\n")
+    path, word = BAD_OUTS[kind](tmp_path)
+    code, _, err = run(_command(cmd, "--out", path, tmp_path, phase1_dir), capsys)
+    _one_line_error(code, err)
+    assert "--out" in err and str(path) in err and word in err
+
+
+@pytest.mark.parametrize("cmd", ["phase1", "phase2", "transfer"])
+@pytest.mark.parametrize("kind", list(BAD_OUTS))
+def test_checkpoint_dir_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
+    if kind == "unwritable" and not Path("/proc/1").is_dir(): pytest.skip("needs Linux /proc")
+    (tmp_path / "afile.txt").write_text("not a folder")
+    path, word = BAD_OUTS[kind](tmp_path)
+    argv = _command(cmd, "--out", tmp_path / "out", tmp_path, phase1_dir) + ["--checkpoint-dir", path]
+    code, _, err = run(argv, capsys)
+    _one_line_error(code, err)
+    assert "--checkpoint-dir" in err and str(path) in err and word in err
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_out_folder(tmp_path, no_work, capsys):
+    ro = tmp_path / "ro"; ro.mkdir(); ro.chmod(0o500)
+    try:
+        code, _, err = run(["phase1", *TASK, *TINY_TRAIN, "--out", ro / "out"], capsys)
+    finally: ro.chmod(0o700)
+    _one_line_error(code, err)
+    assert "writ" in err
+
+
+def test_task_params_follow_the_task_types():
+    t = lambda *items: cli.load_data(cli.argparse.Namespace(task="add", task_param=list(items), task_seed=0, corpus=None))
+    for word in ("no", "false", "off", "0", "No", "FALSE"):
+        assert t("n_digits=2", f"reverse_operands={word}").reverse_operands is False
+    for word in ("yes", "true", "on", "1", "True"):
+        assert t("n_digits=2", f"reverse_operands={word}").reverse_operands is True
+    for bad, words in [(["reverse_operands=maybe"], ["reverse_operands", "true", "false"]),
+                       (["reverse_operands=2"], ["reverse_operands"]),
+                       (["n_digits=2.5"], ["n_digits", "integer"]),
+                       (["n_digits=two"], ["n_digits", "integer"]),
+                       (["ood_digits=3"], ["ood_digits"]),
+                       (["n_digits=2", "n_digits=3"], ["n_digits", "twice"])]:
+        with pytest.raises(UsageError) as e: t(*bad)
+        for w in words: assert w in str(e.value), (bad, str(e.value))
+    assert tuple(t("n_digits=2", "ood_digits=[3,4]").params["ood_digits"]) == (3, 4)
+
+
+def test_task_param_bool_on_the_command_line(capsys, no_work):
+    code, _, err = run(["phase1", *TASK, "--task-param", "reverse_operands=maybe", *TINY_TRAIN], capsys)
+    _one_line_error(code, err)
+    assert "reverse_operands" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["phase1", "--corpus", "text", "--files", "{tmp}/doc.txt", "--max-documents", "-1", *TINY_TRAIN], ["--max-documents", ">= 1"]),
+    (["prepare", "--corpus", "text", "--files", "{tmp}/doc.txt", "--max-documents", "0"], ["--max-documents", ">= 1"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--n-models", "0"], ["--n-models", ">= 1"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--n-models", "3", "--model-seeds", "1,2"], ["--n-models", "--model-seeds"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--threshold", "5"], ["--threshold"]),
+    (["phase2", *TASK, "--nonlinearities", "{p1}", *TINY_TRAIN, "--threshold", "0"], ["--threshold"]),
+    (["transfer", "--source", "a={p1}", *TINY_TRAIN, "--threshold", "1.5"], ["--threshold"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--eval-examples", "100000000"], ["--eval-examples"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--eval-examples", "0"], ["--eval-examples"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--steps", "0"], ["--steps"]),
+    (["demo", "--quick", "--steps", "0"], ["--steps"]),
+    (["phase1", *TASK, *TINY_TRAIN, "--resume"], ["--resume", "--checkpoint-dir"]),
+])
+def test_numbers_out_of_range_are_errors(argv, words, phase1_dir, tmp_path, no_work, capsys):
+    (tmp_path / "doc.txt").write_text("a small document\n")
+    argv = [str(a).replace("{tmp}", str(tmp_path)).replace("{p1}", str(phase1_dir)) for a in argv]
+    code, _, err = run(argv + ["--out", tmp_path / "out"], capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    for w in words: assert w in err, err
+
+
+def test_transfer_sources_are_not_silently_dropped(phase1_dir, tmp_path, no_work, capsys):
+    code, _, err = run(["transfer", "--source", f"standard={phase1_dir}", *TINY_TRAIN, "--out", tmp_path / "o"], capsys)
+    _one_line_error(code, err)
+    assert "standard" in err and "reserved" in err
+    code, _, err = run(["transfer", "--source", f"a={phase1_dir}", "--source", f"a={phase1_dir / 'best.safetensors'}", *TINY_TRAIN,
+                        "--out", tmp_path / "o"], capsys)
+    _one_line_error(code, err)
+    assert "'a'" in err and "twice" in err
+    code, _, err = run(["transfer", "--source", f"={phase1_dir}", *TINY_TRAIN, "--out", tmp_path / "o"], capsys)
+    _one_line_error(code, err)
+
+
+def test_resume_from_nothing_says_so(tmp_path, capsys):
+    ck = tmp_path / "ck"; ck.mkdir()
+    code, out, err = run(["phase1", *TASK, *TINY_MODEL, *TINY_TRAIN, "--n-models", "2", "--checkpoint-dir", ck, "--resume",
+                          "--out", tmp_path / "p1"], capsys)
+    assert code == 0, err
+    assert "no checkpoint" in err and ("fresh" in err or "step 0" in err)
+
+
+@pytest.mark.parametrize("cmd", ["phase2", "transfer"])
+def test_resume_reaches_the_library(cmd, phase1_dir, tmp_path, monkeypatch, capsys):
+    "--resume is passed to phase2/baseline/transfer (each checkpoints into its own subfolder of --checkpoint-dir)."
+    seen = {}
+    def stub(*a, **k): seen.update(k); raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "phase2" if cmd == "phase2" else "transfer", stub)
+    argv = _command(cmd, "--out", tmp_path / "o", tmp_path, phase1_dir) + ["--checkpoint-dir", tmp_path / "ck", "--resume"]
+    code, _, err = run(argv, capsys)
+    assert code == 130, err
+    assert seen.get("resume") is True
+
+
+def _phase1_copy(phase1_dir, tmp_path, info):
+    import shutil
+    d = tmp_path / "p1copy"; shutil.copytree(phase1_dir, d)
+    (d / "phase1.json").write_text(info if isinstance(info, str) else json.dumps(info))
+    return d
+
+
+@pytest.mark.parametrize("what", ["list", "missing best_step", "deep"])
+def test_malformed_phase1_json_is_one_line(what, phase1_dir, tmp_path, no_work, capsys):
+    info = json.loads((phase1_dir / "phase1.json").read_text())
+    bad = {"list": [1, 2], "missing best_step": {k: v for k, v in info.items() if k != "best_step"},
+           "deep": "[" * 100_000 + "]" * 100_000}[what]
+    d = _phase1_copy(phase1_dir, tmp_path, bad)
+    for argv in (["phase2", *TASK, "--nonlinearities", d], ["transfer", "--source", f"a={d}"]):
+        code, _, err = run([*argv, *TINY_TRAIN, "--out", tmp_path / "o"], capsys)
+        _one_line_error(code, err)
+        assert "phase1.json" in err and str(d) in err
+        if what == "missing best_step": assert "best_step" in err and "missing" in err
+
+
+def test_deeply_nested_dataset_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "deep.json"; f.write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run(["interpolate", f], capsys)
+    _one_line_error(code, err)
+    assert str(f) in err
+
+
+def test_non_utf8_text_corpus_is_one_line(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "good.txt").write_text("hello world\n" * 20)
+    bad = tmp_path / "docs" / "latin1.txt"; bad.write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1") * 20)
+    code, _, err = run(["prepare", "--corpus", "text", "--files", tmp_path / "docs", "--out", tmp_path / "c", "--no-progress"], capsys)
+    _one_line_error(code, err)
+    assert "latin1.txt" in err and ("UTF-8" in err or "utf-8" in err)
+
+
+@pytest.mark.parametrize("exc", [lambda: __import__("spline_transformers.corpora", fromlist=["x"]).HubUnavailableError(
+                                     "corpus 'tinystories' needs the Hugging Face hub dataset, which could not be loaded here"),
+                                 lambda: PermissionError(13, "Permission denied", "/some/where"),
+                                 lambda: IsADirectoryError(21, "Is a directory", "/some/dir"),
+                                 lambda: RecursionError("maximum recursion depth exceeded while decoding a JSON array")])
+def test_foreseeable_errors_are_one_line(exc, monkeypatch, tmp_path, capsys):
+    def boom(*a, **k): raise exc()
+    monkeypatch.setattr(cli, "load_corpus", boom)
+    code, _, err = run(["phase1", "--corpus", "tinystories", *TINY_TRAIN, "--out", tmp_path / "o"], capsys)
+    _one_line_error(code, err)
+
+
+def test_help_prints_each_default_once(capsys):
+    for cmd in ("demo", "phase1", "phase2", "transfer", "interpolate", "prepare"):
+        code, out, _ = run([cmd, "--help"], capsys)
+        assert code == 0
+        flat = " ".join(out.split())
+        assert "%%" not in flat, cmd
+        assert not re.search(r"\(default[ :][^()]*\)\s*\(default", flat), (cmd, re.search(r"\(default[ :][^()]*\)\s*\(default", flat))
+    code, out, _ = run(["demo", "--help"], capsys)
+    assert "95%" in out
+
+
+def test_interpolate_help_shows_a_shipped_example(capsys):
+    code, out, _ = run(["interpolate", "--help"], capsys)
+    assert code == 0
+    flat = " ".join(out.split())
+    cmds = re.findall(r"spline-transformers interpolate (\S+\.json)", flat)
+    assert len(cmds) >= 2, flat
+    for c in cmds: assert Path(c).is_file(), c
+
+
+@pytest.mark.parametrize("name, d", [("toy_2d.json", 2), ("random_d20.json", 20)])
+def test_shipped_examples_build_and_verify_exactly(name, d, capsys):
+    f = Path(cli.__file__).parent / "examples" / name
+    assert f.is_file()
+    code, out, err = run(["interpolate", f, "--json"], capsys)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["d"] == d and r["n_blocks"] == r["expected_blocks"] and r["worst_hausdorff"] < 1e-9
+
+
+def test_demo_shows_progress_on_a_terminal(monkeypatch, tmp_path, capsys):
+    seen = []
+    def stub(config, **k): seen.append((config, k)); raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_demo", stub)
+    for tty in (True, False):
+        monkeypatch.setattr(cli, "_is_terminal", lambda stream=None, tty=tty: tty)
+        code, out, err = run(["demo", "--quick", "--out", tmp_path / f"d{tty}"], capsys)
+        assert code == 130
+        c, k = seen[-1]
+        assert c.train.progress is tty and c.phase1_train.progress is tty
+        assert (k.get("log") is not None)        # one line per phase either way
+    code, _, _ = run(["demo", "--quick", "--no-progress", "--out", tmp_path / "d"], capsys)
+    assert seen[-1][0].train.progress is False
+
+
+def test_progress_defaults_to_the_terminal(monkeypatch, tmp_path, capsys):
+    seen = []
+    def stub(data, arch, cfg, p1, **k): seen.append(cfg); raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "phase1", stub)
+    argv = ["phase1", *TASK, "--steps", "4", "--device", "cpu", "--out", tmp_path / "o"]
+    for tty in (True, False):
+        monkeypatch.setattr(cli, "_is_terminal", lambda stream=None, tty=tty: tty)
+        assert run(argv, capsys)[0] == 130
+        assert seen[-1].progress is tty
+    assert run(argv + ["--progress"], capsys)[0] == 130 and seen[-1].progress is True
+
+
+def test_report_saves_concurrently(tmp_path):
+    from spline_transformers.report import Report
+    path = tmp_path / "r.html"
+    pages = [Report(f"page {i}").text(f"{i} " * 200_000) for i in range(6)]
+    texts = {p.to_html().split("<hr>")[0] for p in pages}
+    errors = []
+    def save(p):
+        try:
+            for _ in range(15): p.save(path)
+        except Exception as e: errors.append(repr(e))
+    ts = [threading.Thread(target=save, args=(p,)) for p in pages]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert errors == []
+    assert path.read_text().split("<hr>")[0] in texts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
