@@ -503,7 +503,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #df9a79a2
+# %% ../nbs/06_corpora.ipynb #1da1f4e6
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -538,6 +538,7 @@ def prepare(
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))   # unique: never another run's
     try:
         _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts, train_docs, t0, progress)
+        if (done := _read_meta(folder)) is not None and done["key"] == key: return folder   # another process finished it first
         if folder.exists():
             _check_replaceable(folder, key, out_dir is not None, overwrite)   # again: files may have appeared meanwhile
             if any(folder.iterdir()): _remove_prepared(folder)
@@ -564,7 +565,7 @@ def _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts,
     meta["files"] = sorted({p.name for p in tmp.iterdir()} | {"meta.json"})   # exactly what a later overwrite may delete
     atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
 
-# %% ../nbs/06_corpora.ipynb #121deb8f
+# %% ../nbs/06_corpora.ipynb #3590ff97
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS, ("val",)
@@ -611,7 +612,7 @@ class TokenArrays:
         spans = json.loads((self.folder / "documents.json").read_text())["val" if s == "val" else "train"]
         return [(n, a - lo, b - lo) for n, a, b in spans if lo <= a < hi]
 
-# %% ../nbs/06_corpora.ipynb #340628c8
+# %% ../nbs/06_corpora.ipynb #9fb90854
 @patch
 @torch.no_grad()
 def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Batch:
@@ -645,7 +646,7 @@ def eval_set(self:TokenArrays,
              np.linspace(0, self.n_windows(split) - 1, int(n)).round().astype(np.int64)
     return self._windows(split, starts, device)
 
-# %% ../nbs/06_corpora.ipynb #1de94987
+# %% ../nbs/06_corpora.ipynb #c98f7372
 @patch
 @torch.no_grad()
 def evaluate(self:TokenArrays,
@@ -681,7 +682,7 @@ def evaluate(self:TokenArrays,
     res = [{"loss": float(l / count), "token_acc": float(c / count)} for l, c in zip(loss, correct)]
     return res if n_models else res[0]
 
-# %% ../nbs/06_corpora.ipynb #4177f50d
+# %% ../nbs/06_corpora.ipynb #4db95cde
 def load_corpus(
     name:str, # a name in `CORPORA`
     tokenizer:str="char", # "char" or "bpe"
@@ -694,7 +695,7 @@ def load_corpus(
     if eval_size is not None: check_int("eval_size", eval_size, lo=1)
     return TokenArrays(prepare(name, tokenizer=tokenizer, root=root, **kw), block_size=block_size, name=name, eval_size=eval_size)
 
-# %% ../nbs/06_corpora.ipynb #7ea5fafb
+# %% ../nbs/06_corpora.ipynb #eeb29e96
 def corpus_stats(
     data:TokenArrays, # an opened corpus
 ) -> dict:
