@@ -581,7 +581,7 @@ def default_name(model:nn.Module)->str:
     c = _config_dict(model) or {}
     return f"{c['mlp_act']}+{c['attn_fn']}" if "mlp_act" in c and "attn_fn" in c else "model"
 
-# %% ../nbs/07_train.ipynb #c67f48e1
+# %% ../nbs/07_train.ipynb #0decd8ed
 def resume_and_run(
     state:TrainState, # module, optimisers, generators
     resume, # None: fresh start | "latest"/True: newest checkpoint in cfg.checkpoint_dir, if any | a checkpoint path
@@ -596,6 +596,10 @@ def resume_and_run(
     with lock, torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         if cfg.checkpoint_dir is not None: remove_stale_temps(cfg.checkpoint_dir)   # left by writers that were killed
         checkpoint = find_resume(resume, cfg.checkpoint_dir)
+        if resume in (None, False) and list_checkpoints(cfg.checkpoint_dir):   # a fresh run would overwrite some and leave the rest
+            raise CheckpointError(f"checkpoint folder {cfg.checkpoint_dir} already holds checkpoints of a run (newest: "
+                                  f"{list_checkpoints(cfg.checkpoint_dir)[-1].name}); resume it (resume='latest', or --resume), "
+                                  "or start the new run in another checkpoint_dir")
         torch.manual_seed(derive_seed("dropout", cfg.seed, *seeds))   # dropout masks resume like everything else
         if checkpoint is not None:
             saved = load_state(checkpoint)

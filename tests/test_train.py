@@ -253,3 +253,12 @@ def test_resume_refuses_other_task_parameters(task, tmp_path):
     other = get_task("add", seed=0, n_digits=2, ood_digits=(4, 4))
     with pytest.raises(CheckpointError, match="different run"):
         train(make_model(task), other, cfg_for(tmp_path, steps=4), resume=True)
+
+
+def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(task, tmp_path):
+    "A second run started fresh in a folder of checkpoints would overwrite some of them and leave the rest: refused."
+    train(make_model(task), task, cfg_for(tmp_path, steps=8))
+    before = {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)}
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(make_model(task), task, cfg_for(tmp_path, steps=4))
+    assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)} == before
