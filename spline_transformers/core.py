@@ -135,7 +135,7 @@ def resolve_device(
         raise ValueError(f"device={device!r}: only 'cpu', 'cuda', 'cuda:N' and 'mps' are supported")
     return dev
 
-# %% ../nbs/00_core.ipynb #2bd04e4b
+# %% ../nbs/00_core.ipynb #99c6e6e7
 TEMP_MARK = ".tmp-"   # temporary files are named .<target>.tmp-<pid>-<random>
 
 def fsync_dir(folder:Union[str,Path]):
@@ -172,14 +172,17 @@ def _pid_alive(pid:int)->bool:
 def remove_stale_temps(
     folder:Union[str,Path], # where `atomic_write` wrote
 )->list:
-    "Delete the temporary files that killed writers left in `folder` (their process is gone); returns their paths."
+    "Delete the temporary files and folders that killed writers left in `folder` (their process is gone); returns their paths."
     gone = []
     folder = Path(folder)
     if not folder.is_dir(): return gone
     for p in folder.glob(f".*{TEMP_MARK}*"):
         pid = p.name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            try: p.unlink(); gone.append(p)
+            try:
+                if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
+                else: p.unlink()
+                gone.append(p)
             except OSError: pass
     return gone
 

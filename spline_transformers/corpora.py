@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from fastcore.basics import patch
 
-# %% ../nbs/06_corpora.ipynb #86545551
+# %% ../nbs/06_corpora.ipynb #5466db8d
 from .core import (Batch, model_device, check_int, check_number, check_fraction, check_option,
-                                      atomic_write, fsync_dir, sha256_hex, TEMP_MARK)
+                                      atomic_write, fsync_dir, sha256_hex, TEMP_MARK, remove_stale_temps)
 
 # %% ../nbs/06_corpora.ipynb #a03141a1
 class Document(NamedTuple):
@@ -503,7 +503,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #1da1f4e6
+# %% ../nbs/06_corpora.ipynb #491b7473
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -535,6 +535,7 @@ def prepare(
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     encode_many = tok.encode_batch if hasattr(tok, "encode_batch") else (lambda texts: [tok.encode_array(t) for t in texts])
     folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(folder.parent)   # what killed preparations left behind
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))   # unique: never another run's
     try:
         _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts, train_docs, t0, progress)

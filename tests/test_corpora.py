@@ -403,3 +403,12 @@ def test_overwrite_replaces_only_a_folder_the_package_prepared(tmp_path):
         prepare("code", out, max_documents=4, seed=2, overwrite=True, progress=False)
     assert _tree(out) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporary folders left
+
+
+def test_a_killed_preparations_temporary_folder_is_removed_by_the_next(tmp_path):
+    "A `prepare` killed mid-write leaves `.<folder>.tmp-<pid>-…`; the next preparation beside it removes it (its process is gone)."
+    stale = tmp_path / ".prep.tmp-999999999-abc"
+    stale.mkdir(); (stale / "train.bin").write_bytes(b"half a file")
+    prepare("code", tmp_path / "prep", max_documents=4, progress=False)
+    assert not stale.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -136,6 +136,10 @@ def render():
     return DOCS
 
 
+class ChapterFailed(RuntimeError):
+    "Some chapters failed to execute (a plain exception, so that a pytest fixture reports it as a failure)."
+
+
 def build(skip_flags=SKIP_FLAGS, force=False, only_execute=False):
     "Stage, execute what is not fresh, process and render; returns the site folder."
     stage(force=force)
@@ -144,7 +148,7 @@ def build(skip_flags=SKIP_FLAGS, force=False, only_execute=False):
         if is_executed(nb) and not force: print(f"fresh  {nb.name}"); continue
         print(f"run    {nb.name}", flush=True)
         if not execute(nb, skip_flags): failed.append(nb.name)
-    if failed: raise SystemExit(f"build_docs: these chapters failed to execute: {failed}")
+    if failed: raise ChapterFailed(f"build_docs: these chapters failed to execute: {failed}")
     if only_execute: return STAGE
     process()
     return render()
@@ -156,4 +160,5 @@ if __name__ == "__main__":
     ap.add_argument("--force", action="store_true", help="re-execute every chapter")
     a = ap.parse_args()
     run = set(a.flags.split())
-    print(build(skip_flags=[f for f in SKIP_FLAGS if f not in run], force=a.force))
+    try: print(build(skip_flags=[f for f in SKIP_FLAGS if f not in run], force=a.force))
+    except ChapterFailed as e: raise SystemExit(str(e)) from None
