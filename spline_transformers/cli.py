@@ -13,19 +13,19 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 # %% auto #0
-__all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'PHASE1_KEYS', 'UsageError', 'error_message', 'check_device', 'check_out_dir',
-           'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'default_seeds', 'seed_list',
-           'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args', 'load_data', 'is_corpus',
-           'with_phase1_splits', 'arch_from_args', 'train_from_args', 'arch_for_nonlinearities', 'load_nonlinearities',
-           'quick_demo_config', 'format_table', 'cmd_demo', 'cmd_phase1', 'corpus_summary', 'cmd_phase2',
-           'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
+__all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'PHASE1_KEYS', 'UsageError', 'error_message', 'check_name', 'check_device',
+           'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'default_seeds',
+           'seed_list', 'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args', 'load_data',
+           'is_corpus', 'with_phase1_splits', 'arch_from_args', 'train_from_args', 'arch_for_nonlinearities',
+           'load_nonlinearities', 'quick_demo_config', 'format_table', 'cmd_demo', 'cmd_phase1', 'corpus_summary',
+           'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #df104e09
 import pandas as pd
 import torch
 
-# %% ../nbs/09_cli.ipynb #ac734cd9
-from .core import check_int, check_number, resolve_device, atomic_write, FolderInUse
+# %% ../nbs/09_cli.ipynb #8111de22
+from .core import check_option, check_int, check_number, resolve_device, atomic_write, FolderInUse
 from .model import TransformerConfig, Nonlinearities
 from . import tasks as _tasks, two_phase as _two_phase
 from .tasks import get_task, TASKS
@@ -35,7 +35,7 @@ from .two_phase import (Phase1Config, ARCH_LOSSES, phase1, phase2, baseline, com
                                            as_nonlinearities, demo_config, run_demo, spline_arch)
 from . import report
 
-# %% ../nbs/09_cli.ipynb #f5267e17
+# %% ../nbs/09_cli.ipynb #6a0f8691
 class UsageError(ValueError):
     "A bad command line or input: printed without a traceback, exit status 2."
 
@@ -53,6 +53,11 @@ def error_message(e:BaseException)->str:
         msg = f"an input is nested too deeply to read ({e})"
     else: msg = str(e) or type(e).__name__
     return " ".join(msg.split())
+
+def check_name(value:str, valid, what:str)->str:
+    "`value` if it is one of `valid`, else a `UsageError` listing them (`core.check_option`)."
+    try: return check_option(value, tuple(valid), what)
+    except ValueError as e: raise UsageError(str(e)) from None
 
 def check_device(device:str)->str:
     "`device` if this machine has it, else a `UsageError` that says what to use instead."
@@ -81,7 +86,7 @@ _TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "tuple": tu
 
 def task_param_types(task:str)->dict:
     "The parameters of `task`'s constructor with their types and defaults: {name: (type, default)}."
-    if task not in TASKS: raise UsageError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    check_name(task, TASKS, "task")
     cls = _tasks._TASK_CLASSES[task]
     out = {}
     for n, p in inspect.signature(cls.__init__).parameters.items():
@@ -171,11 +176,15 @@ def seed_list(vals:Optional[Sequence[int]], default:Sequence[int])->list:
     if len(set(vals)) != len(vals): raise UsageError(f"--seeds {vals} repeats a seed; give distinct seeds")
     return list(vals)
 
-# %% ../nbs/09_cli.ipynb #5b042d48
+# %% ../nbs/09_cli.ipynb #f57cf5ae
 MAX_EVAL_EXAMPLES = 100_000  # --eval-examples: more only costs time (the standard error of an accuracy is already < 0.2%)
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    "Help that shows each option's default once: '(default: X)' is added only where the help text does not already say."
+class HelpFormatter(argparse.HelpFormatter):
+    "Help that shows each option's default once ('(default: X)' only where the text does not already say); texts with line breaks keep them."
+    def _fill_text(self, text, width, indent):
+        if "\n" in text: return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
     def _get_help_string(self, action):
         h = action.help or ""
         d = action.default
@@ -235,7 +244,7 @@ def _add_train_options(p:argparse.ArgumentParser, steps:int=800):
 def _add_out(p:argparse.ArgumentParser, default:str):
     p.add_argument("--out", default=default, help="results folder")
 
-# %% ../nbs/09_cli.ipynb #64dbae0a
+# %% ../nbs/09_cli.ipynb #ee5b6dfa
 def _is_terminal(stream=None)->bool:
     "Whether `stream` (default: stderr, where progress bars go) is a terminal."
     s = stream if stream is not None else sys.stderr
@@ -252,11 +261,10 @@ def check_data_names(a):
     if (a.task is None) == (getattr(a, "corpus", None) is None):
         raise UsageError(f"give exactly one of --task ({', '.join(TASKS)}) or --corpus ({', '.join(CORPORA)})")
     if a.task is not None:
-        if a.task not in TASKS: raise UsageError(f"unknown task {a.task!r}; valid tasks: {', '.join(TASKS)}")
+        check_name(a.task, TASKS, "task")
         parse_params(a.task_param, a.task)
         return
-    if a.corpus not in CORPORA: raise UsageError(f"unknown corpus {a.corpus!r}; valid corpora: {', '.join(CORPORA)}")
-    if a.tokenizer not in TOKENIZERS: raise UsageError(f"unknown tokenizer {a.tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    check_name(a.corpus, CORPORA, "corpus"); check_name(a.tokenizer, TOKENIZERS, "tokenizer")
     if a.task_param: raise UsageError("--task-param is for tasks; corpora take --tokenizer, --block-size, --max-documents, --files")
     for f in getattr(a, "files", None) or []:
         if not Path(f).exists(): raise UsageError(f"--files {f}: no such file or folder")
@@ -464,12 +472,12 @@ def cmd_phase2(a)->int:
     print(f"wrote {out}/metrics.csv, summary.csv, report.html")
     return 0
 
-# %% ../nbs/09_cli.ipynb #a4d1ead3
+# %% ../nbs/09_cli.ipynb #5ba6a44f
 def cmd_transfer(a)->int:
     "The transfer matrix of --source splines over --targets tasks: matrices, metrics and a report in --out."
     names = [t.strip() for t in a.targets.split(",") if t.strip()]
-    bad = [t for t in names if t not in TASKS]
-    if bad or not names: raise UsageError(f"unknown target task(s) {bad or names}; valid tasks: {', '.join(TASKS)}")
+    if not names: raise UsageError(f"--targets {a.targets!r}: name at least one target task, from: {', '.join(TASKS)}")
+    for t in names: check_name(t, TASKS, "target task")
     if len(set(names)) != len(names): raise UsageError(f"--targets {a.targets}: a target is named twice; name each once")
     check_device(a.device)
     paths = {}
@@ -532,11 +540,10 @@ def cmd_interpolate(a)->int:
     print(f"built and verified in {r['seconds']:.2f} s")
     return 0
 
-# %% ../nbs/09_cli.ipynb #369fb202
+# %% ../nbs/09_cli.ipynb #f7cd47fb
 def cmd_prepare(a)->int:
     "Prepare a corpus's token arrays and print where they are and their statistics."
-    if a.corpus not in CORPORA: raise UsageError(f"unknown corpus {a.corpus!r}; valid corpora: {', '.join(CORPORA)}")
-    if a.tokenizer not in TOKENIZERS: raise UsageError(f"unknown tokenizer {a.tokenizer!r}; valid: {', '.join(TOKENIZERS)}")
+    check_name(a.corpus, CORPORA, "corpus"); check_name(a.tokenizer, TOKENIZERS, "tokenizer")
     for f in a.files or []:
         if not Path(f).exists(): raise UsageError(f"--files {f}: no such file or folder")
     check_out_dir(a.out, "--out"); check_out_dir(a.data_root, "--data-root")

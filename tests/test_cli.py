@@ -632,3 +632,10 @@ def test_report_saves_concurrently(tmp_path):
     assert errors == []
     assert path.read_text().split("<hr>")[0] in texts
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_offline_hub_corpus_is_one_line(tmp_path, capsys):
+    "conftest keeps the Hugging Face hub offline: a hub corpus is a one-line error that names the offline alternatives."
+    code, _, err = run(["prepare", "--corpus", "tinystories", "--out", tmp_path / "ts", "--no-progress"], capsys)
+    _one_line_error(code, err)
+    assert "tinystories" in err and "offline" in err
