@@ -392,7 +392,7 @@ _state = {}  # the arguments `main` was called with
 def _command_line()->str:
     return "spline-transformers " + " ".join(shlex.quote(x) for x in _state.get("argv", []))
 
-# %% ../nbs/09_cli.ipynb #b8b46221
+# %% ../nbs/09_cli.ipynb #675bd0cc
 def _distributed()->bool:
     from spline_transformers.distributed import is_distributed
     return is_distributed()
@@ -414,14 +414,16 @@ def cmd_phase1(a)->int:
         from spline_transformers.distributed import distributed_phase1
         res = distributed_phase1(data, arch, cfg, p1, resume=True if a.resume else None, out_dir=out, backend=a.backend, timeout=a.timeout)
         if res is None: return 0    # not rank 0
-    else: res = phase1(data, arch, cfg, p1, resume=True if a.resume else None, out_dir=out)
+    else:
+        print(f"phase1: {p1.n_models} models x {cfg.steps} steps on {cfg.device}", flush=True)
+        res = phase1(data, arch, cfg, p1, resume=True if a.resume else None, out_dir=out)
     report.phase1_report(res, out / "report.html", command=_command_line())
     c = res.cost
     print(f"phase1: {c['n_models']} models, {c['steps']} steps, {c['wall_time_s']:.1f} s on {c['device']}; best splines at step {res.best_step}")
     print(f"wrote {out}/nonlinearities.safetensors (+ .json, best.safetensors, phase1.json, metrics.csv, report.html)")
     return 0
 
-# %% ../nbs/09_cli.ipynb #0fcea8d6
+# %% ../nbs/09_cli.ipynb #4bc94906
 def corpus_summary(metrics:pd.DataFrame, split:str="val")->pd.DataFrame:
     "Per arm: final loss and token accuracy on `split`, mean and range over seeds."
     last = metrics[(metrics.split == split) & (metrics.step == metrics.groupby(["model", "seed"]).step.transform("max"))]
@@ -453,8 +455,12 @@ def cmd_phase2(a)->int:
     nl = load_nonlinearities(src, "--nonlinearities")
     data = load_data(a)
     arch = arch_for_nonlinearities(arch_from_args(a), nl)
-    runs = [phase2(data, nl, arch, cfg, seeds=seeds, name="learned", resume=a.resume)]
-    if not a.no_baseline: runs.append(baseline(data, arch, cfg, seeds=seeds, name="standard", resume=a.resume))
+    arms = [("learned", phase2, (nl,))] + ([] if a.no_baseline else [("standard", baseline, ())])
+    runs = []
+    for name, fn, extra in arms:   # one line per arm (with --progress or on a terminal, a bar too)
+        print(f"phase2: {name} arm, {len(seeds)} seeds x {cfg.steps} steps on {cfg.device}", flush=True)
+        runs.append(fn(data, *extra, arch, cfg, seeds=seeds, name=name, resume=a.resume))
+        print(f"phase2: {name} arm done in {runs[-1].wall_time:.1f} s", flush=True)
     metrics = pd.concat([r.metrics for r in runs], ignore_index=True)
     _write_csv(metrics, out / "metrics.csv")
     if a.no_baseline or is_corpus(data): summary, table = (corpus_summary(metrics) if is_corpus(data) else compare(metrics, "learned", a.threshold)), None
@@ -472,7 +478,7 @@ def cmd_phase2(a)->int:
     print(f"wrote {out}/metrics.csv, summary.csv, report.html")
     return 0
 
-# %% ../nbs/09_cli.ipynb #5ba6a44f
+# %% ../nbs/09_cli.ipynb #51dbd01d
 def cmd_transfer(a)->int:
     "The transfer matrix of --source splines over --targets tasks: matrices, metrics and a report in --out."
     names = [t.strip() for t in a.targets.split(",") if t.strip()]
@@ -504,6 +510,7 @@ def cmd_transfer(a)->int:
                                   backend=a.backend, timeout=a.timeout)
         if tm is None: return 0
     else:
+        print(f"transfer: {len(sources) + 1} rows x {len(targets)} targets x {len(seeds)} seeds, {cfg.steps} steps each", flush=True)
         tm = transfer(sources, targets, arch, cfg, seeds=seeds, threshold=a.threshold, resume=a.resume)
         from spline_transformers.distributed import write_transfer
         write_transfer(tm, out)
