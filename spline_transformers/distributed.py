@@ -26,12 +26,12 @@ import torch.nn as nn
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# %% ../nbs/10_distributed.ipynb #435bf892
+# %% ../nbs/10_distributed.ipynb #547abacf
 from .model import TransformerConfig
 from .ensemble import Ensemble
 from .tasks import get_task
 from .model import Nonlinearities
-from .core import atomic_write
+from .core import atomic_write, remove_stale_temps
 from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state
 from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, TransferCell, transfer_cells, run_cell,
                                            cell_name, check_disjoint_seeds, TRANSFER_SEEDS,
@@ -501,7 +501,7 @@ def merge_phase1(
     config = {**local.config, "phase1": p1.to_dict()}
     return Phase1Result(local.nonlinearities, best.freeze(), int(best_step), metrics, cost, config, ens)
 
-# %% ../nbs/10_distributed.ipynb #49e79ee5
+# %% ../nbs/10_distributed.ipynb #9d402ee3
 def cell_file(
     folder:Union[str,Path], # where finished cells are kept
     cell:TransferCell, # the cell
@@ -534,6 +534,7 @@ def distributed_transfer(
     cfg = cfg or TrainConfig()
     cells = transfer_cells(list(sources), list(targets), seeds)
     folder = None if cfg.checkpoint_dir is None else Path(cfg.checkpoint_dir) / "cells"
+    if folder is not None: remove_stale_temps(folder)   # left by cell writes that were killed
     cell_cfg = replace(cfg, device=_rank_device(cfg.device, info), progress=False)   # run_cell checkpoints each cell into its own subfolder
     mine = [(i, c) for i, c in enumerate(cells) if i % info.world_size == info.rank]
     done = [(i, _run_or_load_cell(c, sources, targets, arch, cell_cfg, folder, resume).to_dict("records")) for i, c in mine]

@@ -356,7 +356,7 @@ def _check_compatible(mine:dict, theirs:dict, path):
                 ([f"not in the model: {extra[:5]}"] if extra else []) + shapes[:5]
         raise CheckpointError(f"checkpoint {path} does not fit this model (a different architecture?): " + "; ".join(parts))
 
-# %% ../nbs/07_train.ipynb #adba8bae
+# %% ../nbs/07_train.ipynb #1c8a0ff4
 def checkpoint_path(folder:Union[str,Path], step:int)->Path:
     "Where the checkpoint of `step` goes in `folder`."
     return Path(folder) / f"step-{step:08d}.safetensors"
@@ -387,7 +387,7 @@ def find_resume(resume, folder)->Optional[Path]:
     "The checkpoint to resume from: None (fresh start), 'latest'/True (newest in `folder`; a notice if there is none), or a path."
     if resume in (None, False): return None
     if resume in (True, "latest"):
-        if folder is None: raise ValueError("resume='latest' needs checkpoint_dir, the folder of the run's checkpoints; set it (or --checkpoint-dir)")
+        if folder is None: raise ValueError(f"resume={resume!r} needs checkpoint_dir, the folder of the run's checkpoints; set it (or --checkpoint-dir)")
         cks = list_checkpoints(folder)
         if not cks: print(f"no checkpoint in {folder}; starting from step 0", file=sys.stderr, flush=True)
         return cks[-1] if cks else None

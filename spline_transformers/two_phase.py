@@ -24,11 +24,11 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-# %% ../nbs/08_two_phase.ipynb #91376652
+# %% ../nbs/08_two_phase.ipynb #0b1eff35
 from .model import TransformerConfig, Transformer, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
-from .core import check_option, resolve_device, atomic_write, from_dict
+from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
 from .train import (TrainConfig, TrainResult, TrainState, train, run_loop, resume_and_run,
     data_generator, derive_seed, stack_batches, forward_models, masked_cross_entropy, clip_grad_norm_per_model_,
     evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, save_state, load_state, data_info,
@@ -89,7 +89,7 @@ class Phase1Config:
         "A config from `to_dict`'s output; unknown keys are an error."
         return from_dict(cls, d)
 
-# %% ../nbs/08_two_phase.ipynb #66012fef
+# %% ../nbs/08_two_phase.ipynb #e67c69b1
 PHASE1_FORMAT = "spline_transformers.phase1/1"
 
 @dataclass
@@ -106,6 +106,7 @@ class Phase1Result:
     def save(self, folder:Union[str,Path])->Path:
         "Write `nonlinearities.safetensors`, `best.safetensors` (each with a .json), `phase1.json` and `metrics.csv`."
         folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(folder)   # left by a save that was killed
         self.nonlinearities.save(folder / "nonlinearities.safetensors")
         self.best.save(folder / "best.safetensors")
         info = {"format": PHASE1_FORMAT, "best_step": self.best_step, "cost": self.cost, **self.config}

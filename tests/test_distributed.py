@@ -152,6 +152,12 @@ def test_transfer_resume_reads_finished_cells(tmp_path, monkeypatch):
     back = D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=True)
     assert back.to_dict("records") == df.to_dict("records")
     with pytest.raises(AssertionError, match="must not be called"): D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=None)
+    seen = {}
+    def record(*a, **k): seen.update(k); return df
+    monkeypatch.setattr(D, "run_cell", record)   # an unfinished cell continues from its own checkpoints
+    D._run_or_load_cell(TransferCell("s", "add", 2), {}, {}, None, None, tmp_path, resume=True)
+    assert seen == {"resume": True}
+    assert D.cell_file(tmp_path, cell).name == "s__add__seed1.csv"
 
 
 CLI_PHASE1 = (f"phase1 {TASK} --n-models 3 --model-seeds 0,1,2 --steps 6 --eval-every 3 --eval-examples 32 --d-model 32 "
