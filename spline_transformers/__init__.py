@@ -1,1 +1,3 @@
 __version__ = "0.1.0"
+
+from . import core as _core  # first: sets the process up (OpenMP wait policy, heap) before torch loads; see the core chapter

@@ -12,15 +12,39 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
 # %% auto #0
-__all__ = ['TEMP_MARK', 'CPP_FLAGS', 'check_option', 'check_int', 'check_number', 'check_fraction', 'check_pair', 'Batch',
-           'model_device', 'resolve_device', 'fsync_dir', 'atomic_write', 'remove_stale_temps', 'sha256_hex',
-           'FolderInUse', 'FolderLock', 'from_dict', 'cpp_extension_name', 'build_cpp_extension']
+__all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FLAGS', 'tune_malloc', 'check_option', 'check_int',
+           'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
+           'atomic_write', 'remove_stale_temps', 'sha256_hex', 'FolderInUse', 'FolderLock', 'from_dict',
+           'cpp_extension_name', 'build_cpp_extension']
 
-# %% ../nbs/00_core.ipynb #66f1dbae
+# %% ../nbs/00_core.ipynb #3decd95d
+PROCESS_ENV = "SPLINE_TRANSFORMERS_PROCESS"   # "default": leave OpenMP's wait policy and glibc's heap alone
+HEAP_THRESHOLD = 1 << 30                      # bytes: allocations below this reuse the heap, and it is trimmed only above it
+
+def _process_defaults_wanted()->bool: return os.environ.get(PROCESS_ENV, "").lower() != "default"
+
+if _process_defaults_wanted() and "torch" not in sys.modules: os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+def tune_malloc(
+    threshold:int=HEAP_THRESHOLD, # mmap and trim threshold in bytes
+)->bool:
+    "Raise glibc's mmap and trim thresholds (`mallopt`) so training steps reuse heap memory; False where not glibc or turned off."
+    if not _process_defaults_wanted() or not sys.platform.startswith("linux"): return False
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or os.environ.get("MALLOC_TRIM_THRESHOLD_"): return False  # the user chose
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold)) and bool(libc.mallopt(M_TRIM_THRESHOLD, threshold))
+    except (OSError, AttributeError): return False   # not glibc (musl, macOS): nothing to tune
+
+MALLOC_TUNED = tune_malloc()   # done once, at import
+
+# %% ../nbs/00_core.ipynb #c9cf3164
 import numpy as np
 import torch
 
-# %% ../nbs/00_core.ipynb #9b68d039
+# %% ../nbs/00_core.ipynb #1390fb0c
 def check_option(
     value:str, # the option given
     valid:tuple, # the names allowed
@@ -98,7 +122,7 @@ def check_pair(
     if a > b: raise ValueError(f"{name} must be (min, max) with min <= max, got {r!r}")
     return (a, b)
 
-# %% ../nbs/00_core.ipynb #726ff42e
+# %% ../nbs/00_core.ipynb #35417880
 class Batch(NamedTuple):
     "A right-padded batch of decoder-only sequences; all tensors are (B, T) and on the CPU."
     x: torch.Tensor    # long: model inputs, `tokens[:, :-1]`
@@ -135,7 +159,7 @@ def resolve_device(
         raise ValueError(f"device={device!r}: only 'cpu', 'cuda', 'cuda:N' and 'mps' are supported")
     return dev
 
-# %% ../nbs/00_core.ipynb #99c6e6e7
+# %% ../nbs/00_core.ipynb #87abc15b
 TEMP_MARK = ".tmp-"   # temporary files are named .<target>.tmp-<pid>-<random>
 
 def fsync_dir(folder:Union[str,Path]):
@@ -190,7 +214,7 @@ def sha256_hex(data:bytes)->str:
     "The SHA-256 of `data`, as hex."
     return hashlib.sha256(data).hexdigest()
 
-# %% ../nbs/00_core.ipynb #e9ab32e0
+# %% ../nbs/00_core.ipynb #d80d1e54
 class FolderInUse(RuntimeError):
     "Another live process holds the folder's lock."
 
@@ -239,7 +263,7 @@ class FolderLock:
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release()
 
-# %% ../nbs/00_core.ipynb #4b2666c2
+# %% ../nbs/00_core.ipynb #6d2fea66
 def from_dict(
     cls, # a dataclass
     d:dict, # its fields, e.g. from `asdict`/`to_dict`
@@ -252,7 +276,7 @@ def from_dict(
     try: return cls(**d)
     except TypeError as e: raise ValueError(f"cannot build a {cls.__name__} from {sorted(d)}: {e}") from None
 
-# %% ../nbs/00_core.ipynb #10bae69e
+# %% ../nbs/00_core.ipynb #6e909a3a
 CPP_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
 
 def cpp_extension_name(

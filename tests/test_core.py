@@ -37,3 +37,38 @@ def test_a_first_compile_is_announced_and_a_cached_one_is_silent():
     second = _build_in_fresh_process(source)
     assert second.returncode == 0 and second.stdout.strip() == "7"
     assert "compil" not in second.stderr, second.stderr
+
+
+def _in_fresh_process(code:str, **env)->str:
+    import os
+    e = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")}
+    e.update(env)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, env=e)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+RSS_AFTER_FREE = """
+    import spline_transformers, torch, os
+    def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    x = torch.ones(64 << 20, dtype=torch.uint8); x.add_(1); del x     # 64 MiB touched, then freed
+    print(os.environ.get('OMP_WAIT_POLICY'), spline_transformers.core.MALLOC_TUNED, rss() >> 20)
+"""
+
+
+def test_importing_the_package_sets_up_the_process():
+    "Importing the package makes OpenMP threads yield and keeps freed activations in the heap; SPLINE_TRANSFORMERS_PROCESS=default opts out."
+    policy, tuned, rss_tuned = _in_fresh_process(RSS_AFTER_FREE).split()
+    assert (policy, tuned) == ("PASSIVE", "True")
+    policy, tuned, rss_default = _in_fresh_process(RSS_AFTER_FREE, SPLINE_TRANSFORMERS_PROCESS="default").split()
+    assert (policy, tuned) == ("None", "False")
+    assert int(rss_tuned) - int(rss_default) > 48, (rss_tuned, rss_default)   # the tuned heap kept the 64 MiB block
+    assert _in_fresh_process("import spline_transformers, os; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+
+
+def test_the_main_install_brings_what_the_fast_kernels_need():
+    "`pip install -e .` (the README's main command) installs ninja, which the fused C++ kernels are built with."
+    import tomllib
+    from pathlib import Path
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(d.replace(" ", "").startswith("ninja") for d in meta["dependencies"]), meta["dependencies"]
