@@ -430,3 +430,34 @@ def test_numpy_and_tensor_integers_are_ints():
     for bad in (dict(n_knots=1), dict(n_knots=8.0), dict(n_knots=True)):
         with pytest.raises(ValueError, match="n_knots"): LinearSpline(**bad)
     with pytest.raises(ValueError, match="n_splines"): SplineBank(2.0, 8)
+
+
+def test_kernel_sources_ship_as_package_files():
+    "The C++ kernels are package files (shipped as package data), read at import; the chapters show them at the end."
+    import tomllib
+    import spline_transformers.attention as at
+    pkg = ROOT / "spline_transformers"
+    assert sp.CPP_SOURCE == (pkg / "csrc" / "spline.cpp").read_text() == sp.kernel_source("spline.cpp")
+    assert at.ATTN_CPP_SOURCE == (pkg / "csrc" / "attention.cpp").read_text()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["spline_transformers"]
+    assert "csrc/*.cpp" in data
+
+
+def _exported_defs(nb):
+    "Names of the classes and functions defined in a notebook's exported cells, in order."
+    import ast
+    names = []
+    for c in json.loads((ROOT / "nbs" / nb).read_text())["cells"]:
+        s = "".join(c["source"])
+        if c["cell_type"] != "code" or not s.startswith("#| export"): continue
+        names += [n.name for n in ast.parse(s).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
+    return names
+
+
+@pytest.mark.parametrize("nb, first", [("01_splines.ipynb", "LinearSpline"), ("02_attention.ipynb", "attend")])
+def test_chapter_introduces_its_object_before_its_kernels(nb, first):
+    src = json.dumps(json.loads((ROOT / "nbs" / nb).read_text())["cells"])
+    names = _exported_defs(nb)
+    assert names[0] == first, names[:3]
+    assert "#include" not in src.split(first)[0]          # no C++ before the object
+    assert src.index("## How it is made fast") > src.index(f"class {first}" if first[0].isupper() else f"def {first}")
