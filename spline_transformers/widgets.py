@@ -12,13 +12,16 @@ from typing import Callable, Optional, Union
 
 # %% auto #0
 __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_frontend', 'reference_curve', 'SplineRef',
-           'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'LiveFigure', 'SplineEditor',
+           'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain', 'LiveFigure', 'SplineEditor',
            'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
            'TrainingMonitor']
 
-# %% ../nbs/30_widgets.ipynb #0a2a8a01
+# %% ../nbs/30_widgets.ipynb #43af36f6
 import json
 from copy import deepcopy
+from pathlib import Path
+import traitlets
+import plotly
 import numpy as np
 import torch
 import torch.nn as nn
@@ -119,12 +122,12 @@ class Throttle:
         with self._lock: t, self._timer = self._timer, None
         if t is not None: t.cancel(); self._run()
 
-# %% ../nbs/30_widgets.ipynb #e1ad6b9b
-_KNOT_PX = 6   # radius of a knot circle in pixels
+# %% ../nbs/30_widgets.ipynb #ec746903
+_KNOT_PX = 6   # radius of a knot circle in pixels (4 when there are more than 40 knots: circles must not overlap)
 
-def _knot_shape(x, y, color="#636efa"):
+def _knot_shape(x, y, color="#636efa", r=_KNOT_PX):
     return dict(type="circle", xref="x", yref="y", xsizemode="pixel", ysizemode="pixel", xanchor=float(x), yanchor=float(y),
-                x0=-_KNOT_PX, x1=_KNOT_PX, y0=-_KNOT_PX, y1=_KNOT_PX, line=dict(color=color, width=1.5),
+                x0=-r, x1=r, y0=-r, y1=r, line=dict(color=color, width=1.5),
                 fillcolor="rgba(99,110,250,0.35)", layer="above")
 
 def spline_figure(
@@ -146,7 +149,8 @@ def spline_figure(
     fig.add_scatter(x=[k[sel]], y=[v[sel]], name="selected knot", mode="markers", showlegend=False,
                     marker=dict(size=14, color="rgba(239,85,59,0.8)", line=dict(color="#ef553b", width=2)),
                     visible=selected is not None)
-    fig.update_layout(shapes=[_knot_shape(x, y) for x, y in zip(k, v)], height=380,
+    r = _KNOT_PX if len(k) <= 40 else 4
+    fig.update_layout(shapes=[_knot_shape(x, y, r=r) for x, y in zip(k, v)], height=380,
                       title=title or f"{ref.name}: {len(k)} knots on [{k[0]:g}, {k[-1]:g}]",
                       xaxis_title="x", yaxis_title="φ(x)", margin=dict(l=50, r=20, t=50, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
@@ -201,22 +205,103 @@ def static_editor_html(
     return (f'<div class="spline-editor-static"><p><em>{note}</em> '
             f'<button id="{pid}-reset" type="button">reset</button></p>{div}</div>')
 
-# %% ../nbs/30_widgets.ipynb #cd7905c8
+# %% ../nbs/30_widgets.ipynb #8dc5c85f
+_BUNDLE_KEY = f"spline_transformers.plotly_widget.{plotly.__version__}"
+
+_SHIM_ESM = """
+// Load plotly's widget bundle once per page, whatever the number of figures, and return from initialize at once
+// (anywidget gives initialize 2 s; a figure that misses it ignores the kernel from then on).
+const KEY = Symbol.for(%(key)s);
+function bundle(model) {
+  if (!globalThis[KEY]) {
+    const url = URL.createObjectURL(new Blob([model.get("_plotly_esm")], {type: "text/javascript"}));
+    globalThis[KEY] = import(url).then(m => { URL.revokeObjectURL(url); return m; });
+  }
+  return globalThis[KEY];
+}
+const MSGS = ["_py2js_addTraces", "_py2js_deleteTraces", "_py2js_moveTraces", "_py2js_restyle", "_py2js_relayout",
+              "_py2js_update", "_py2js_animate", "_py2js_removeLayoutProps", "_py2js_removeTraceProps"];
+export default () => {
+  let inner = null, ready = null;
+  return {
+    initialize({model, experimental}) {
+      const early = [];                       // kernel messages that arrive before the bundle: replayed in order
+      const keep = (name) => () => { const v = model.get(name); if (v !== null && inner === null) early.push([name, v]); };
+      const keepers = MSGS.map(name => [name, keep(name)]);
+      keepers.forEach(([name, f]) => model.on("change:" + name, f));
+      ready = bundle(model).then(async (m) => {
+        const def = typeof m.default === "function" ? await m.default() : m.default;
+        def.initialize({model, experimental});
+        inner = def;
+        keepers.forEach(([name, f]) => model.off("change:" + name, f));
+        for (const [name, v] of early) { model.set(name, v); model.set(name, null); }
+        return def;
+      });
+      ready.catch(e => console.error("[spline_transformers] plotly widget bundle failed to load", e));
+    },
+    async render(ctx) {
+      const def = await ready;
+      return def.render(ctx);
+    },
+  };
+};
+""" % {"key": json.dumps(_BUNDLE_KEY)}
+
+_BUNDLE_CACHE = {}
+def _plotly_bundle()->str:
+    "plotly's anywidget bundle (read once)."
+    if "js" not in _BUNDLE_CACHE:
+        _BUNDLE_CACHE["js"] = (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_text(encoding="utf-8")
+    return _BUNDLE_CACHE["js"]
+
+def plain(x):
+    "`x` with every numpy array, tensor and tuple inside it (dicts, lists) turned into plain lists."
+    if isinstance(x, dict): return {k: plain(v) for k, v in x.items()}
+    if torch.is_tensor(x): x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray): return x.tolist()
+    if isinstance(x, (list, tuple)): return [plain(v) for v in x]
+    if isinstance(x, np.generic): return x.item()
+    return x
+
 class LiveFigure(go.FigureWidget):
-    "A `FigureWidget` whose widget channel opens only once the figure is complete (its first message carries the data)."
-    def __init__(self, *args, **kwargs):
+    "A `FigureWidget` that opens complete, survives a page reload and a slow start, and holds plain lists, never arrays."
+    _esm = _SHIM_ESM
+    _plotly_esm = traitlets.Unicode().tag(sync=True)
+    @traitlets.default("_plotly_esm")
+    def _default_bundle(self): return _plotly_bundle()
+
+    def __init__(self, data=None, layout=None, frames=None, skip_invalid=False, **kwargs):
+        if isinstance(data, go.Figure) and layout is None:      # LiveFigure(fig)
+            d = data.to_plotly_json(); data, layout = d.get("data"), d.get("layout")
         self._hold_open = True
-        super().__init__(*args, **kwargs)
+        super().__init__(data=plain(data) if data is not None else None,
+                         layout=plain(layout.to_plotly_json() if hasattr(layout, "to_plotly_json") else layout),
+                         frames=frames, skip_invalid=skip_invalid, **kwargs)
         self._hold_open = False
-        self._widget_layout, self._widget_data = deepcopy(self._layout_obj._props), deepcopy(self._data)
+        self._config = {"displaylogo": False, "responsive": True}
+        self.keep_state()
         self.open()
     def open(self):
         if getattr(self, "_hold_open", False): return
         super().open()
 
-# %% ../nbs/30_widgets.ipynb #3c50e570
+    def keep_state(self):
+        "Copy the figure into the widget state a (re)loaded page draws from, without sending it."
+        self._trait_values["_widget_data"] = deepcopy(self._data)
+        self._trait_values["_widget_layout"] = deepcopy(self._layout_obj._props)
+
+    def _send_relayout_msg(self, *a, **k): super()._send_relayout_msg(*a, **k); self.keep_state()
+    def _send_restyle_msg(self, *a, **k): super()._send_restyle_msg(*a, **k); self.keep_state()
+    def _send_update_msg(self, *a, **k): super()._send_update_msg(*a, **k); self.keep_state()
+    def _send_addTraces_msg(self, *a, **k): super()._send_addTraces_msg(*a, **k); self.keep_state()
+    def _send_deleteTraces_msg(self, *a, **k): super()._send_deleteTraces_msg(*a, **k); self.keep_state()
+    def _send_moveTraces_msg(self, *a, **k): super()._send_moveTraces_msg(*a, **k); self.keep_state()
+
+# %% ../nbs/30_widgets.ipynb #f613cd57
 class SplineEditor:
     "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
+    INSTRUCTIONS = "drag a knot, or pick one with the knot slider and move its value"
+    ECHO_WINDOW = 10.0   # seconds during which a value the editor put on the value slider is taken for the browser's echo
     def __init__(self,
                  target,                         # LinearSpline, SplineBank, Nonlinearities, a model, or a SplineRef
                  effect:Optional[Callable]=None, # called with no arguments after each edit; returns a number, dict, array or figure
@@ -229,19 +314,20 @@ class SplineEditor:
         self.reference, self.effect, self.effect_title = reference, effect, effect_title
         self.learned = {n: r.values.detach().clone() for n, r in self.refs.items()}   # for "reset to learned"
         self.history = []        # undo stack: (spline name, values before the edit, what the edit was)
-        self.n_effect_runs, self.last_effect = 0, None
+        self.n_effect_runs, self.last_effect, self.first_effect = 0, None, None
         self._quiet = False      # True while the editor itself updates widgets (ignore their events)
         self._sliding = False    # True while an edit comes from the value slider (keep its range still)
         self.name = next(iter(self.refs))
+        self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
         self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
         self.fig._config = dict(STATIC_CONFIG)
         self.fig.layout.on_change(self._on_shapes, "shapes")
         K = len(self.ref.knots)
         self.picker = W.Dropdown(options=list(self.refs), value=self.name, description="spline",
                                  layout=W.Layout(display="flex" if len(self.refs) > 1 else "none"))
-        self.knot_slider = W.IntSlider(0, 0, K - 1, description="knot", continuous_update=True)
-        self.value_slider = W.FloatSlider(0.0, min=-1.0, max=1.0, step=0.01, description="value", continuous_update=True,
-                                          readout_format=".3f")
+        self.knot_slider = W.IntSlider(0, 0, K - 1, description="knot", continuous_update=True, layout=W.Layout(width="45%"))
+        self.value_slider = W.FloatSlider(0.0, min=-1.0, max=1.0, step=0.001, description="value", continuous_update=True,
+                                          readout_format=".3f", layout=W.Layout(width="55%"))
         self.buttons = {n: W.Button(description=n, layout=W.Layout(width="auto")) for n in
                         ("gelu", "relu", "identity", "exp", "learned", "undo")}
         for n, b in self.buttons.items():
@@ -255,7 +341,7 @@ class SplineEditor:
         self._effect = Throttle(self._run_effect, throttle)
         self._sync_sliders(0)
         if effect is not None: self._effect()      # the first run goes through the throttle (it starts the clock)
-        self._set_status("drag a knot, or pick one with the slider")
+        self._set_status(self.INSTRUCTIONS)
         self.widget = W.VBox([self.picker, self.fig, W.HBox([self.knot_slider, self.value_slider]),
                               W.HBox([W.Label("reset to:")] + [b for n, b in self.buttons.items() if n != "undo"] + [self.buttons["undo"]]),
                               self.status] + ([self.effect_text, self.effect_fig] if self.effect_fig is not None else []))
@@ -268,9 +354,12 @@ class SplineEditor:
         return self.ref.values
     def _reference(self): return self.reference or self.ref.reference
     def _set_status(self, msg): self.status.value = f"<small>{msg} · undo steps: {len(self.history)}</small>"
+    def clear_history(self):
+        "Forget the undo steps, and show the instructions again (the values stay as they are)."
+        self.history.clear(); self._set_status(self.INSTRUCTIONS)
     def __repr__(self): return f"SplineEditor({list(self.refs)}, editing {self.name!r})"
 
-# %% ../nbs/30_widgets.ipynb #7b00c98f
+# %% ../nbs/30_widgets.ipynb #84d48836
 @patch
 @torch.no_grad()
 def set_values(self:SplineEditor,
@@ -302,8 +391,8 @@ def refresh(self:SplineEditor):
     self._quiet = True
     try:
         with self.fig.batch_update():
-            self.fig.data[1].x, self.fig.data[1].y, self.fig.data[1].name = k, v, self.name
-            self.fig.data[2].x, self.fig.data[2].y, self.fig.data[2].visible = [k[sel]], [v[sel]], True
+            self.fig.data[1].x, self.fig.data[1].y, self.fig.data[1].name = k.tolist(), v.tolist(), self.name
+            self.fig.data[2].x, self.fig.data[2].y, self.fig.data[2].visible = [float(k[sel])], [float(v[sel])], True
             for i, s in enumerate(self.fig.layout.shapes):
                 if s.xanchor != k[i] or s.yanchor != v[i]: s.xanchor, s.yanchor = float(k[i]), float(v[i])
         self._sync_sliders(sel, rescale=not self._sliding)
@@ -315,7 +404,7 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
     v = self.values.detach(); y = float(v[k])
     if rescale:
         span = max(1.0, float(v.max() - v.min()))
-        lo, hi = math.floor(float(v.min()) - span), math.ceil(float(v.max()) + span)
+        lo, hi = math.floor(float(v.min()) - span / 4), math.ceil(float(v.max()) + span / 4)
     else: lo, hi = min(self.value_slider.min, math.floor(y)), max(self.value_slider.max, math.ceil(y))
     was, self._quiet = self._quiet, True
     try:
@@ -323,10 +412,11 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
             self.value_slider.min, self.value_slider.max = min(lo, self.value_slider.min), max(hi, self.value_slider.max)
             self.value_slider.value = y
             self.value_slider.min, self.value_slider.max = lo, hi
+        self._echoes = [(t, e) for t, e in self._echoes if t > time.monotonic() - self.ECHO_WINDOW][-255:] + [(time.monotonic(), y)]
         self.knot_slider.value = k
     finally: self._quiet = was
 
-# %% ../nbs/30_widgets.ipynb #5bcba19e
+# %% ../nbs/30_widgets.ipynb #751ec2b9
 @patch
 def _on_knot(self:SplineEditor, k):
     if self._quiet: return
@@ -342,6 +432,9 @@ def _on_value(self:SplineEditor, y):
     if self._quiet: return
     k = self.knot_slider.value
     if abs(y - self.values[k].item()) <= self.value_slider.step / 2: return   # the browser rounding our own value to the step
+    if any(abs(y - e) <= self.value_slider.step / 2 and t > time.monotonic() - self.ECHO_WINDOW
+           for t, e in self._echoes): return      # a value this editor sent, echoed back late by the browser
+    self._echoes.clear()                       # the reader moves the slider: earlier values can no longer come back
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"
     self._sliding = True
@@ -379,7 +472,7 @@ def move_slider(self:SplineEditor,
     sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
     sl.value = y
 
-# %% ../nbs/30_widgets.ipynb #990fb540
+# %% ../nbs/30_widgets.ipynb #24587d5f
 RESETS = REFERENCES[:4] + ("learned",)
 
 @patch
@@ -414,27 +507,31 @@ def select(self:SplineEditor, name:str):
         self.knot_slider.max = len(self.ref.knots) - 1
         self.knot_slider.value = 0
         with self.fig.batch_update():
-            for t, f in zip(self.fig.data, fresh.data): t.update(x=f.x, y=f.y, name=f.name)
+            for t, f in zip(self.fig.data, fresh.data): t.update(x=plain(f.x), y=plain(f.y), name=f.name)
             self.fig.layout.shapes = fresh.layout.shapes
             self.fig.layout.title = fresh.layout.title
         self._sync_sliders(0)
     finally: self._quiet = False
     self._set_status(f"editing {name}")
 
-# %% ../nbs/30_widgets.ipynb #4aefd7bc
+# %% ../nbs/30_widgets.ipynb #9233116a
 def _as_numpy(r):
     if torch.is_tensor(r): return r.detach().cpu().double().numpy()
     return np.asarray(r, dtype=np.float64)
 
-def effect_traces(result)->tuple:
-    "(traces, summary text) that draw an effect's `result`."
+def effect_traces(result, first=None)->tuple:
+    "(traces, summary text) that draw an effect's `result`; numbers are drawn next to the `first` result's, with the change."
     if isinstance(result, go.Figure): return list(result.data), ""
     if isinstance(result, dict):
         names, vals = list(map(str, result)), [float(_as_numpy(v)) for v in result.values()]
-        return [go.Bar(x=names, y=vals, text=[f"{v:.4g}" for v in vals], textposition="auto")], \
-               " · ".join(f"{n} = {v:.4g}" for n, v in zip(names, vals))
+        was = [float(_as_numpy(first[k])) if isinstance(first, dict) and k in first else v for k, v in zip(result, vals)]
+        return [go.Bar(x=names, y=was, name="when the editor opened", marker_color="#bbb",
+                       text=[f"{v:.4g}" for v in was], textposition="auto"),
+                go.Bar(x=names, y=vals, name="now", marker_color="#636efa",
+                       text=[f"{v:.4g}" for v in vals], textposition="auto")], \
+               " · ".join(f"{n}: {w:.4g} → {v:.4g} ({v - w:+.3g})" for n, w, v in zip(names, was, vals))
     a = _as_numpy(result)
-    if a.ndim == 0: return effect_traces({"value": float(a)})
+    if a.ndim == 0: return effect_traces({"value": float(a)}, None if first is None else {"value": float(_as_numpy(first))})
     if a.ndim == 1: return [go.Scatter(y=a, mode="lines")], ""
     if a.ndim == 2: return [go.Heatmap(z=a, colorscale="Viridis")], ""
     raise ValueError(f"an effect must return a number, a dict of numbers, a 1-D or 2-D array or a plotly figure; got shape {a.shape}")
@@ -444,18 +541,24 @@ def _run_effect(self:SplineEditor):
     if self.effect is None: return
     try:
         with torch.no_grad(): result = self.effect()
-        traces, text = effect_traces(result)
+        if self.first_effect is None: self.first_effect = result
+        traces, text = effect_traces(result, self.first_effect)
     except Exception as e:
         self.effect_text.value = f"<span style='color:#c00'>effect failed: {type(e).__name__}: {e}</span>"; return
     self.n_effect_runs += 1; self.last_effect = result
+    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or \
+            (f"{self.effect_title}: {text}" if text else self.effect_title)
     if self.effect_fig is None:
         fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
-        fig.update_layout(height=300, margin=dict(l=50, r=20, t=40, b=40), title=fig.layout.title.text or self.effect_title)
+        fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
+                          legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+        if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar): fig.update_layout(barmode="group")
         self.effect_fig = LiveFigure(fig)
     else:
-        with self.effect_fig.batch_update():
+        with self.effect_fig.batch_update():      # everything the panel says follows the model: data and title
             for t, new in zip(self.effect_fig.data, traces):
-                t.update({k: v for k, v in new.to_plotly_json().items() if k in ("x", "y", "z", "text")})
+                t.update(plain({k: v for k, v in new.to_plotly_json().items() if k in ("x", "y", "z", "text")}))
+            self.effect_fig.layout.title.text = title
     self.effect_text.value = f"<small>{text}</small>" if text else ""
 
 @patch
@@ -463,7 +566,7 @@ def flush(self:SplineEditor):
     "Run a pending (throttled) effect now."
     self._effect.flush()
 
-# %% ../nbs/30_widgets.ipynb #673a9788
+# %% ../nbs/30_widgets.ipynb #aca02060
 @patch
 def static_html(self:SplineEditor)->str:
     "The offline version of the current spline: draggable knots that re-interpolate in the page."
@@ -477,17 +580,15 @@ def sync_figure_widget(fw:go.FigureWidget)->go.FigureWidget:
 
 @patch
 def _repr_mimebundle_(self:SplineEditor, include=None, exclude=None):
-    for f in (self.fig, self.effect_fig):
-        if f is not None: sync_figure_widget(f)
     bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
     bundle["text/html"] = self.static_html()
     return bundle
 
-# %% ../nbs/30_widgets.ipynb #1ab5bb23
+# %% ../nbs/30_widgets.ipynb #98c02367
 from .interpolation import build_interpolator, random_dataset
-from .interpolation_viz import trajectory_animation
+from .interpolation_theory import trajectory_animation
 
-# %% ../nbs/30_widgets.ipynb #10feb874
+# %% ../nbs/30_widgets.ipynb #662101c8
 def collapse_figure(
     T,                 # an ExactInterpolator (from `build_interpolator`)
     X,                 # the input sequences it was built for
@@ -501,12 +602,14 @@ def collapse_figure(
     return trajectory_animation(T, X, Y, per=per, title=title, duration=frame_ms, max_frames=None,
                                 project="pca" if d > 2 else "dims", leaders=True, zoom=True)
 
-# %% ../nbs/30_widgets.ipynb #a4d6105b
+# %% ../nbs/30_widgets.ipynb #83bbc2ae
 class AnimationOutput:
     "Display a plotly figure with frames as plotly JSON (frames included, for JupyterLab) and an HTML div (for the site)."
-    def __init__(self, fig:go.Figure): self.fig = fig
+    def __init__(self, fig:go.Figure, height:int=520): self.fig, self.height = fig, height
     def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = BookRenderer(config={"displaylogo": False, "responsive": True}).to_mimebundle(self.fig.to_dict())
+        d = self.fig.to_dict()
+        d["layout"] = {"height": self.height, **d.get("layout", {}), "autosize": True}   # a resize keeps the height
+        bundle = BookRenderer(config={"displaylogo": False, "responsive": True}).to_mimebundle(d)
         return {**bundle, "text/plain": f"<animation: {len(self.fig.frames)} frames>"}
 
 class CollapsePlayer:
@@ -540,12 +643,13 @@ class CollapsePlayer:
         except ValueError as e:
             self.status.value = f"<span style='color:#c00'>{type(e).__name__}: {e}</span>"; return None
         self.fig = collapse_figure(self.T, self.X, self.Y, per=self.per,
-                                   title=f"N={p['N']}, n={p['n']}, {p['attention']}")
+                                   title=f"seed {p['seed']}: N={p['N']}, n={p['n']}, m={min(p['m'], p['n'])}, d={p['d']}, {p['attention']}")
         self.status.value = (f"<small>{self.T.n_blocks} blocks, {self.T.n_params} parameters; "
                              f"max Hausdorff error {float(np.max(self.T.info['hausdorff'])):.1e}</small>")
-        if has_widget_frontend():            # without a frontend nobody sees the Output widget: do not print into the cell
-            self.out.clear_output(wait=True)
-            with self.out: display(AnimationOutput(self.fig))
+        # the Output widget's contents are set, not captured with `with self.out: display(...)`: a capture depends on the
+        # browser having registered the widget in time, and when it has not, the animation lands under the running cell
+        self.out.outputs = ({"output_type": "display_data", "metadata": {},
+                             "data": AnimationOutput(self.fig)._repr_mimebundle_()},)
         return self.fig
 
     def _repr_mimebundle_(self, include=None, exclude=None):
@@ -553,8 +657,10 @@ class CollapsePlayer:
         bundle["text/html"] = AnimationOutput(self.fig)._repr_mimebundle_()["text/html"]
         return bundle
 
-# %% ../nbs/30_widgets.ipynb #30119dc7
+# %% ../nbs/30_widgets.ipynb #c457eb59
 def _is_rate(name:str)->bool: return "acc" in name
+
+_MONITOR_LEGEND = dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom")   # above the plot, clear of both axes
 
 def _is_metrics_frame(x)->bool:
     return hasattr(x, "columns") and {"step", "metric", "value"} <= set(x.columns)
@@ -581,7 +687,7 @@ class TrainingMonitor:
         self.bar = self.fig = self.widget = None
         if self.live:
             self.fig = LiveFigure(layout=dict(title=title, height=320, xaxis_title="step", yaxis_type="log" if log_y else "linear",
-                                                   margin=dict(l=50, r=20, t=50, b=40)))
+                                              margin=dict(l=50, r=60, t=70, b=40), legend=_MONITOR_LEGEND))
             self.progress = W.IntProgress(0, 0, max(total or 1, 1), description="step")
             self.label = W.HTML()
             self.widget = W.VBox([W.HBox([self.progress, self.label]), self.fig])
@@ -599,7 +705,8 @@ class TrainingMonitor:
         elif len(args) == 1: row = {"step": args[0], **metrics}
         else: raise TypeError("call the monitor as monitor(step, loss=...), monitor(step, {'loss': ...}) or monitor({'step': ..., 'loss': ...})")
         if "step" not in row: row["step"] = len(self.history)
-        row = {k: (float(v) if torch.is_tensor(v) or isinstance(v, (np.floating, np.integer)) else v) for k, v in row.items()}
+        row = {k: (float(v.detach()) if torch.is_tensor(v) else float(v) if isinstance(v, (np.floating, np.integer)) else v)
+               for k, v in row.items()}
         self.history.append(row)
         if self.live:
             if time.monotonic() - self._last_draw >= self.throttle: self._draw()
@@ -654,8 +761,8 @@ class TrainingMonitor:
             pts = [(r["step"], r[n]) for r in self.history if n in r]
             fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=n, mode="lines",
                             yaxis="y2" if _is_rate(n) else "y")
-        fig.update_layout(title=self.title, xaxis_title="step", height=320, margin=dict(l=50, r=50, t=50, b=40),
-                          yaxis_type="log" if self.log_y else "linear")
+        fig.update_layout(title=self.title, xaxis_title="step", height=320, margin=dict(l=50, r=60, t=70, b=40),
+                          yaxis_type="log" if self.log_y else "linear", legend=_MONITOR_LEGEND)
         if any(_is_rate(n) for n in self.metrics()):
             fig.update_layout(yaxis2=dict(overlaying="y", side="right", range=[0, 1], title="accuracy", showgrid=False))
         return fig
@@ -665,7 +772,6 @@ class TrainingMonitor:
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         if not self.live: return {"text/plain": f"TrainingMonitor({len(self.history)} rows)"}
-        sync_figure_widget(self.fig)
         bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
         bundle["text/html"] = pio.to_html(self.figure(), include_plotlyjs=False, full_html=False, config={"displaylogo": False})
         return bundle

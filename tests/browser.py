@@ -70,3 +70,10 @@ def open_page(browser, url, wait_until="load", viewport=None):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until=wait_until)
     return page, errors, outside
+
+
+def console_errors(page):
+    "A list that fills with the page's console errors (`console.error`, failed loads) from now on."
+    errs = []
+    page.on("console", lambda m: errs.append(m.text) if m.type == "error" else None)
+    return errs

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import plotly.graph_objects as go
 
 from spline_transformers.splines import LinearSpline, SplineBank
 from spline_transformers.widgets import (SplineEditor, find_splines, static_editor_html, spline_figure,
                                          collapse_figure, CollapsePlayer, TrainingMonitor, Throttle, has_widget_frontend,
-                                         LiveFigure, ENV_WIDGETS)
+                                         LiveFigure, ENV_WIDGETS, AnimationOutput)
 from spline_transformers.interpolation import build_interpolator, random_dataset, InterpolationDataError
 
 
@@ -64,7 +65,7 @@ def test_slider_echo_is_ignored(spline):
     ed = SplineEditor(spline)
     ed.move_slider(9, 0.123456)
     n = len(ed.history)
-    ed.value_slider.value = 0.12                  # what a step-0.01 slider echoes
+    ed.value_slider.value = 0.123                 # what a step-0.001 slider echoes
     assert spline.values[9].item() == pytest.approx(0.123456) and len(ed.history) == n
 
 
@@ -74,7 +75,7 @@ def test_effect_runs_after_edits_and_is_throttled(spline):
     m0 = ed.last_effect["mean"].item()
     ed.move_slider(6, 5.0)
     assert ed.last_effect["mean"].item() > m0 and "mean" in ed.effect_text.value
-    assert ed.effect_fig.data[0].y[0] == pytest.approx(ed.last_effect["mean"].item())
+    assert ed.effect_fig.data[1].y[0] == pytest.approx(ed.last_effect["mean"].item())   # "now", next to the start
     slow = SplineEditor(LinearSpline(8, -1, 1), effect=lambda: np.ones((3, 3)), throttle=30)
     runs = slow.n_effect_runs
     for k in range(5): slow.move_slider(k, 1.0 + k)
@@ -169,3 +170,87 @@ def test_throttle_trailing_call():
     assert len(calls) == 1
     time.sleep(0.3)
     assert len(calls) == 2
+
+
+def test_effect_panel_title_follows_the_model(spline):
+    "Issue 18 (1): a figure effect's title is redrawn with its data; a number shows where it started and the change."
+    x = torch.linspace(-3, 3, 20)
+    def fig():
+        f = go.Figure([go.Scatter(x=x, y=spline(x))]); f.update_layout(title=f"mean {float(spline(x).mean()):.4f}"); return f
+    ed = SplineEditor(spline, effect=fig, throttle=0)
+    ed.reset("identity")
+    assert ed.effect_fig.layout.title.text == f"mean {float(spline(x).mean()):.4f}"
+    assert ed.effect_fig._widget_layout["title"]["text"] == ed.effect_fig.layout.title.text
+    num = SplineEditor(LinearSpline(8, -1, 1, init="gelu"), effect=lambda: {"loss": 2.728}, throttle=0)
+    num.effect = lambda: {"loss": 2.732}; num.reset("relu")
+    assert [t.y for t in num.effect_fig.data] == [[2.728], [2.732]] or [list(t.y) for t in num.effect_fig.data] == [[2.728], [2.732]]
+    assert "2.728 → 2.732" in num.effect_fig.layout.title.text and "+0.004" in num.effect_text.value
+
+
+def test_widget_state_follows_edits_for_a_reloaded_page():
+    "Issue 18 (2): what a reloaded page asks the kernel for (the widget state) is the figure as it is now."
+    from spline_transformers.model import TransformerConfig, Transformer
+    cfg = TransformerConfig(vocab_size=11, n_layers=1, d_model=16, n_heads=2, max_len=8, mlp_act="spline", attn_fn="spline",
+                            mlp_init="gelu", attn_init="exp", pos="alibi")
+    ed = SplineEditor(Transformer(cfg))
+    ed.select("attn.0"); ed.drag_knot(5, 3.0)
+    state = ed.fig.get_state()
+    assert state["_widget_layout"]["title"]["text"].startswith("attn.0")
+    assert state["_widget_data"][1]["y"][5] == 3.0 and state["_widget_layout"]["shapes"][5]["yanchor"] == 3.0
+    m = TrainingMonitor(total=3, live=True, show=False, throttle=0)
+    m(0, loss=1.0); m(1, loss=0.5)
+    assert [list(t["y"]) for t in m.fig.get_state()["_widget_data"]] == [[1.0, 0.5]]
+
+
+def test_no_numpy_arrays_reach_a_figure_widget(spline):
+    "Issue 18 (3): plotly's FigureWidget logs a traceback (plotly#4160) when the browser reports back a trace that holds"
+    " numpy arrays; every array a LiveFigure holds is a plain list."
+    ed = SplineEditor(spline, effect=lambda: np.arange(5.0) * spline.values[0].item(), throttle=0)
+    ed.move_slider(3, 1.0); ed.select("spline"); ed.drag_knot(2, 0.5)
+    for f in (ed.fig, ed.effect_fig):
+        for t in f.data:
+            for k, v in t.to_plotly_json().items(): assert not isinstance(v, np.ndarray), (k, type(v))
+        # what the browser sends back after drawing: its defaults for every trace (here: the drawn x and y as lists)
+        deltas = [{"uid": t.uid, "x": list(t.x) if t.x is not None else None, "y": list(t.y)} for t in f.data]
+        f._handler_js2py_traceDeltas({"new": {"trace_deltas": [{k: v for k, v in d.items() if v is not None} for d in deltas],
+                                              "trace_edit_id": f._last_trace_edit_id}})
+
+
+def test_late_slider_echo_is_not_an_edit(spline):
+    "Issue 18 (4): the browser sends back, late, a value the editor put on the value slider; it must not become an edit."
+    ed = SplineEditor(spline)
+    ed.drag_knot(3, -1.0)              # the editor puts -1.0 on the value slider (knot 3)
+    ed.undo()                          # knot 3 is back where it was; the slider says so
+    ed.value_slider.value = -1.0       # ...and only now the browser's echo of -1.0 arrives
+    assert ed.history == [] and spline.values[3].item() != -1.0
+    ed.value_slider.value = 0.777      # a real move is still an edit
+    assert spline.values[3].item() == pytest.approx(0.777) and len(ed.history) == 1
+    ed.clear_history()
+    assert ed.history == [] and ed.INSTRUCTIONS in ed.status.value
+
+
+def test_player_output_is_set_not_captured(monkeypatch):
+    "Issue 18 (4): the player puts its animation into its Output widget directly (a capture can spill into the running"
+    " cell); its title names the seed."
+    monkeypatch.setenv(ENV_WIDGETS, "1")
+    p = CollapsePlayer(N=2, n=3, m=1, seed=7)
+    assert len(p.out.outputs) == 1 and "application/vnd.plotly.v1+json" in p.out.outputs[0]["data"]
+    assert "seed 7" in p.fig.layout.title.text
+    p.rebuild(seed=8)
+    assert len(p.out.outputs) == 1 and "seed 8" in p.out.outputs[0]["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"]
+
+
+def test_animation_output_has_a_height():
+    "Issue 18 (5): an animation drawn in a resizable output area carries an explicit height (a resize kept 29 px)."
+    X, Y = random_dataset(N=2, d=3, n=4, m=2, pool=6, seed=3)
+    fig = collapse_figure(build_interpolator(X, Y, attention="softmax"), X, Y)
+    fig.layout.height = None
+    layout = AnimationOutput(fig)._repr_mimebundle_()["application/vnd.plotly.v1+json"]["layout"]
+    assert layout["height"] == 520
+
+
+def test_value_slider_resolution(spline):
+    "Issue 18 (7): the value slider spans the spline's range with a margin, in steps of 0.001 (it moved 0.21 per pixel)."
+    ed = SplineEditor(LinearSpline(33, -8.0, 8.0, init="gelu"))
+    sl = ed.value_slider
+    assert sl.step <= 0.001 and (sl.max - sl.min) <= 1.6 * 8 + 2
