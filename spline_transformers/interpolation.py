@@ -6,25 +6,64 @@ Docs: https://spline-transformers.github.io/spline_transformers/interpolation.ht
 
 # %% auto #0
 __all__ = ['TOL_TIE', 'TOL_EQ', 'TOL_DEDUP', 'TOL_VERIFY', 'STAGES', 'ATTENTIONS', 'MODES', 'DATASET_FORMATS',
-           'InterpolationDataError', 'ConstructionError', 'DatasetFileError', 'hardmax_weights', 'softmax_weights',
-           'hausdorff', 'group_points', 'distinct_points', 'data_scale', 'validate_dataset', 'FeedForward',
-           'SelfAttention', 'Block', 'identity_block', 'expected_blocks', 'params_per_block', 'ExactInterpolator',
-           'tau_bound', 'build_interpolator', 'random_dataset', 'toy_dataset', 'load_dataset_file', 'save_dataset_file',
-           'interpolate_file']
+           'ExactInterpolator', 'InterpolationDataError', 'ConstructionError', 'DatasetFileError', 'hardmax_weights',
+           'softmax_weights', 'hausdorff', 'group_points', 'distinct_points', 'data_scale', 'validate_dataset',
+           'random_dataset', 'toy_dataset', 'FeedForward', 'InterpAttention', 'InterpBlock', 'identity_block',
+           'expected_blocks', 'params_per_block', 'tau_bound', 'build_interpolator', 'load_dataset_file',
+           'save_dataset_file', 'interpolate_file']
 
-# %% ../nbs/20_interpolation.ipynb #300b2e7c
+# %% ../nbs/20_interpolation.ipynb #921ac30c
 import json
 import math
 import time
-import warnings
 from pathlib import Path
 
-# %% ../nbs/20_interpolation.ipynb #099ffb6c
+# %% ../nbs/20_interpolation.ipynb #d77f0df9
 import numpy as np
 import torch
+from fastcore.basics import patch
 from torch import nn
 
-# %% ../nbs/20_interpolation.ipynb #1f150a6c
+# %% ../nbs/20_interpolation.ipynb #4db41a86
+from .core import check_option
+
+# %% ../nbs/20_interpolation.ipynb #5fd4b20b
+class ExactInterpolator(nn.Module):
+    "A transformer built to map each training input sequence exactly onto its target token set."
+    def __init__(self,
+                 blocks:list, # the blocks (feed-forward then attention), in order
+                 d:int, # token dimension
+                 attention:str, # "hardmax" or "softmax"
+                 tau:float, # softmax temperature (None for hardmax)
+                 scale:float, # the data's scale, the unit of every tolerance
+                 info:dict=None, # what the builder reports (counts, geometry, timings)
+                ):
+        super().__init__()
+        self.blocks, self.d, self.attention, self.tau, self.scale = nn.ModuleList(blocks), d, attention, tau, scale
+        self.info = dict(info or {})
+    @property
+    def n_blocks(self)->int: return len(self.blocks)
+    @property
+    def n_params(self)->int: return sum(p.numel() for p in self.parameters())
+    def stage_counts(self)->dict:
+        "Number of blocks per stage (padding blocks counted in their stage)."
+        return {s: sum(b.stage == s for b in self.blocks) for s in STAGES if any(b.stage == s for b in self.blocks)}
+    def _input(self, X):
+        x = X.detach() if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X, dtype=np.float64))
+        x = x.to(torch.float64)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d:
+            raise ValueError(f"expected a sequence of shape (n, {self.d}) (or a batch (B, n, {self.d})), got {tuple(x.shape)}")
+        if not torch.isfinite(x).all(): raise ValueError("the input sequence has non-finite values")
+        return x
+    def forward(self, X)->torch.Tensor:
+        "Every output token: (n, d) float64 for an (n, d) input sequence."
+        x = self._input(X)
+        for blk in self.blocks: x = blk(x)
+        return x
+    def extra_repr(self):
+        return f"d={self.d}, attention={self.attention!r}, tau={self.tau}, n_blocks={self.n_blocks}, n_params={self.n_params}"
+
+# %% ../nbs/20_interpolation.ipynb #2bcb6d91
 class InterpolationDataError(ValueError):
     "The dataset breaks an assumption of the interpolation theorem (the message names the sequence and tokens)."
 
@@ -34,7 +73,7 @@ class ConstructionError(ValueError):
 class DatasetFileError(ValueError):
     "A dataset file could not be read: missing, unknown format, or wrong contents."
 
-# %% ../nbs/20_interpolation.ipynb #7dcc4fad
+# %% ../nbs/20_interpolation.ipynb #22be6f4c
 TOL_TIE = 1e-12  # relative tolerance under which two hardmax scores count as tied
 
 def hardmax_weights(
@@ -53,7 +92,7 @@ def softmax_weights(
     "Softmax attention weights at temperature `tau` (row maximum subtracted, so no overflow for tiny `tau`)."
     return torch.softmax(scores / tau, dim=-1)
 
-# %% ../nbs/20_interpolation.ipynb #56ccf589
+# %% ../nbs/20_interpolation.ipynb #ca6a979b
 def _as_array(a, name="points")->np.ndarray:
     "A 2-D float64 numpy array from a tensor, array or nested list."
     if isinstance(a, torch.Tensor): a = a.detach().cpu().numpy()
@@ -79,7 +118,7 @@ def hausdorff(
         to_p = torch.minimum(to_p, dist.min(0).values)
     return float(max(to_q.max(), to_p.max()))
 
-# %% ../nbs/20_interpolation.ipynb #dea35b41
+# %% ../nbs/20_interpolation.ipynb #ebd6476b
 def group_points(
     P:np.ndarray, # (n, d) points
     tol:float, # points closer than this (Euclidean) are the same point
@@ -122,7 +161,7 @@ def distinct_points(
     _, first = np.unique(lab, return_index=True)
     return P[np.sort(first)]
 
-# %% ../nbs/20_interpolation.ipynb #8b785c47
+# %% ../nbs/20_interpolation.ipynb #6eb97f3a
 TOL_EQ = 1e-9      # token equality, relative to the data's scale
 TOL_DEDUP = 1e-7   # output de-duplication (predict), relative
 TOL_VERIFY = 1e-9  # accepted Hausdorff error after the last block, relative
@@ -182,13 +221,52 @@ def validate_dataset(
         seen[key] = j
     return X, Y, scale
 
-# %% ../nbs/20_interpolation.ipynb #a09330a5
+# %% ../nbs/20_interpolation.ipynb #e46da0c1
+def random_dataset(
+    N:int=5, # number of sequences
+    d:int=2, # token dimension
+    n:tuple=(1, 8), # input lengths are drawn uniformly from this range (inclusive), or an int
+    m:tuple=None, # target lengths: range, int, or None for uniform in [1, n_j]
+    pool:int=None, # draw input tokens from a pool of this many points (shared tokens); None: all distinct
+    scale:float=1.0, # multiply every coordinate by this
+    seed:int=0, # random seed
+)->tuple:
+    "A random dataset (X, Y) that satisfies the theorem's assumptions."
+    rng = np.random.default_rng(seed)
+    lo_hi = lambda r: (r, r) if isinstance(r, (int, np.integer)) else r
+    if pool:   # N distinct token sets must exist before any drawing: C(pool, k) sets of each size k the lengths allow
+        sizes = sorted({min(k, pool) for k in range(lo_hi(n)[0], lo_hi(n)[1] + 1)})
+        n_sets = sum(math.comb(pool, k) for k in sizes)
+        if N > n_sets: raise ValueError(f"a pool of {pool} points has only {n_sets} distinct token sets of sizes {sizes}, "
+                                        f"but N = {N} sequences need distinct sets; use a larger pool or longer sequences")
+    P = rng.standard_normal((pool, d)) if pool else None
+    X, Y, seen = [], [], set()
+    for _ in range(100 * N + 100):
+        if len(X) == N: break
+        nj = int(rng.integers(lo_hi(n)[0], lo_hi(n)[1] + 1))
+        if pool:
+            idx = tuple(sorted(rng.choice(pool, size=min(nj, pool), replace=False).tolist()))
+            if idx in seen: continue
+            seen.add(idx); x = P[list(idx)]
+        else: x = rng.standard_normal((nj, d))
+        mj = int(rng.integers(1, len(x) + 1)) if m is None else min(len(x), int(rng.integers(lo_hi(m)[0], lo_hi(m)[1] + 1)))
+        X.append(scale * x); Y.append(scale * rng.standard_normal((mj, d)))
+    if len(X) < N: raise ValueError(f"could not draw {N} distinct token sets from a pool of {pool} points; use a larger pool")
+    return X, Y
+
+def toy_dataset()->tuple:
+    "The 2-D toy of the paper's Fig. 5: circles (5 tokens), triangles (3), stars (4), sharing positions; targets of lengths 1, 1, 2."
+    a, b, c, e = [0.2, 0.9], [0.9, 0.4], [-0.5, -0.3], [0.1, -0.8]
+    X = [np.array([a, b, c, [-0.9, 0.5], [0.5, -0.2]]),
+         np.array([a, [-0.2, 0.3], e]),
+         np.array([b, e, [0.8, -0.7], [-0.6, 0.9]])]
+    Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
+    return X, Y
+
+# %% ../nbs/20_interpolation.ipynb #eb70fead
 STAGES = ("separation", "leaders", "collapse", "snap", "interpolation")  # stage names, in order
 ATTENTIONS = ("hardmax", "softmax")
 MODES = ("paper", "compact")
-
-def _check_option(value, options, name):
-    if value not in options: raise ValueError(f"unknown {name} {value!r}; valid options: {', '.join(map(repr, options))}")
 
 def _param(a, *shape):
     "A float64 parameter (no gradient by default) from `a` (None: zeros of `shape`)."
@@ -216,7 +294,7 @@ class FeedForward(nn.Module):
         if self.is_identity() and not (torch.is_grad_enabled() and self.W.requires_grad): return x
         return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
 
-class SelfAttention(nn.Module):
+class InterpAttention(nn.Module):
     "SA_i(X) = rho x_i + alpha sum_l pi_il x_l with scores <A x_i, x_l>, A = gamma I + q k^T; hardmax or softmax(tau)."
     def __init__(self,
                  d:int, # token dimension
@@ -231,7 +309,7 @@ class SelfAttention(nn.Module):
                  chunk:int=1_000_000, # at most this many scores at once
                 ):
         super().__init__()
-        _check_option(attention, ATTENTIONS, "attention")
+        check_option(attention, ATTENTIONS, "attention")
         if attention == "softmax" and not (tau is not None and tau > 0): raise ValueError(f"softmax attention needs a temperature tau > 0, got {tau}")
         self.d, self.attention, self.tau, self.stage, self.chunk = d, attention, tau, stage, chunk
         self.gamma, self.q, self.k = _param(gamma), _param(q, d), _param(k, d)
@@ -284,24 +362,55 @@ class SelfAttention(nn.Module):
         att = torch.cat([self._attend(x[..., i:i+step, :], x) for i in range(0, n, step)], dim=-2)
         return self.rho * x + self.alpha * att
 
-class Block(nn.Module):
-    "One transformer block: feed-forward first, then self-attention (the paper's Fig. 3)."
-    def __init__(self, ff:FeedForward, sa:SelfAttention, stage:str, padding:bool=False):
+class InterpBlock(nn.Module):
+    "One block of the construction: feed-forward first, then self-attention (the paper's Fig. 3)."
+    def __init__(self,
+                 ff:FeedForward, # the token-wise layer, applied first
+                 sa:InterpAttention, # the attention layer, applied second
+                 stage:str, # construction stage this block belongs to
+                 padding:bool=False, # an identity block that only fills the theorem's count
+                ):
         super().__init__()
         self.ff, self.sa, self.stage, self.padding = ff, sa, stage, padding
     def forward(self, x): return self.sa(self.ff(x))
 
-def identity_block(d, attention, tau, stage, padding=False)->Block:
+def identity_block(d, attention, tau, stage, padding=False)->InterpBlock:
     "A block that is exactly the identity: FF with eta = 1, W = 0; SA with rho = 1, V = 0."
-    return Block(FeedForward(d, stage=stage), SelfAttention(d, attention, tau, stage=stage), stage, padding)
+    return InterpBlock(FeedForward(d, stage=stage), InterpAttention(d, attention, tau, stage=stage), stage, padding)
 
-# %% ../nbs/20_interpolation.ipynb #b6e59df9
+# %% ../nbs/20_interpolation.ipynb #3656f557
+@patch
+@torch.no_grad()
+def forward_many(self:ExactInterpolator, Xs)->list:
+    "Every output token of every sequence in the list `Xs` (faster than one call per sequence: the feed-forward layers run on all tokens at once)."
+    xs = [self._input(x) for x in Xs]
+    if any(x.ndim != 2 for x in xs): raise ValueError("forward_many takes a list of (n_j, d) sequences")
+    off = np.cumsum([0] + [len(x) for x in xs]); Z = torch.cat(xs)
+    for blk in self.blocks:
+        Z = blk.ff(Z)
+        if not blk.sa.is_identity(): Z = torch.cat([blk.sa(Z[off[j]:off[j+1]]) for j in range(len(xs))])
+    return [Z[off[j]:off[j+1]] for j in range(len(xs))]
+
+@patch
+def predict(self:ExactInterpolator, X)->torch.Tensor:
+    "The distinct output tokens (de-duplicated at 1e-7 * scale, in order of first occurrence): the output sequence."
+    out = self(X)
+    if out.ndim != 2: raise ValueError("predict takes one sequence (n, d); loop over a batch")
+    return torch.from_numpy(distinct_points(out.detach().numpy(), TOL_DEDUP * self.scale))
+
+@patch
+def verify(self:ExactInterpolator, X, Y)->np.ndarray:
+    "Hausdorff distance between the distinct outputs and the targets, for every pair (X[j], Y[j])."
+    outs = self.forward_many(X)
+    return np.array([hausdorff(distinct_points(o.numpy(), TOL_DEDUP * self.scale), y) for o, y in zip(outs, Y)])
+
+# %% ../nbs/20_interpolation.ipynb #32edc636
 def expected_blocks(
     m, # target lengths m_j (a list), or the sequences themselves
     attention:str="hardmax", # "hardmax" or "softmax"
 )->int:
     "The theorems' block counts: 2*sum(m_j) + 2N + 1 (hardmax) or 2*sum(m_j) + 3N (softmax)."
-    _check_option(attention, ATTENTIONS, "attention")
+    check_option(attention, ATTENTIONS, "attention")
     m = [x if isinstance(x, (int, np.integer)) else len(x) for x in m]
     M, N = int(sum(m)), len(m)
     return 2 * M + 2 * N + 1 if attention == "hardmax" else 2 * M + 3 * N
@@ -332,75 +441,9 @@ def _snap_ff(d, e, g, c, a, b_, stage="snap")->FeedForward:
 def _units(rng, k, d):
     g = rng.standard_normal((k, d)); return g / np.linalg.norm(g, axis=1, keepdims=True)
 
-# %% ../nbs/20_interpolation.ipynb #915ef23a
-class ExactInterpolator(nn.Module):
-    "A transformer built to map each training input sequence exactly onto its target token set."
-    def __init__(self, blocks, d:int, attention:str, tau:float, scale:float, info:dict=None):
-        super().__init__()
-        self.blocks, self.d, self.attention, self.tau, self.scale = nn.ModuleList(blocks), d, attention, tau, scale
-        self.info = dict(info or {})
-    @property
-    def n_blocks(self)->int: return len(self.blocks)
-    @property
-    def n_params(self)->int: return sum(p.numel() for p in self.parameters())
-    def stage_counts(self)->dict:
-        "Number of blocks per stage (padding blocks counted in their stage)."
-        return {s: sum(b.stage == s for b in self.blocks) for s in STAGES if any(b.stage == s for b in self.blocks)}
-    def _input(self, X):
-        x = X.detach() if isinstance(X, torch.Tensor) else torch.as_tensor(np.asarray(X, dtype=np.float64))
-        x = x.to(torch.float64)
-        if x.ndim not in (2, 3) or x.shape[-1] != self.d:
-            raise ValueError(f"expected a sequence of shape (n, {self.d}) (or a batch (B, n, {self.d})), got {tuple(x.shape)}")
-        if not torch.isfinite(x).all(): raise ValueError("the input sequence has non-finite values")
-        return x
-    def forward(self, X)->torch.Tensor:
-        "Every output token: (n, d) float64 for an (n, d) input sequence."
-        x = self._input(X)
-        for blk in self.blocks: x = blk(x)
-        return x
-    @torch.no_grad()
-    def forward_many(self, Xs)->list:
-        "Every output token of every sequence in the list `Xs` (faster than one call per sequence: the feed-forward layers run on all tokens at once)."
-        xs = [self._input(x) for x in Xs]
-        if any(x.ndim != 2 for x in xs): raise ValueError("forward_many takes a list of (n_j, d) sequences")
-        off = np.cumsum([0] + [len(x) for x in xs]); Z = torch.cat(xs)
-        for blk in self.blocks:
-            Z = blk.ff(Z)
-            if not blk.sa.is_identity(): Z = torch.cat([blk.sa(Z[off[j]:off[j+1]]) for j in range(len(xs))])
-        return [Z[off[j]:off[j+1]] for j in range(len(xs))]
-    def predict(self, X)->torch.Tensor:
-        "The distinct output tokens (de-duplicated at 1e-7 * scale, in order of first occurrence): the output sequence."
-        out = self(X)
-        if out.ndim != 2: raise ValueError("predict takes one sequence (n, d); loop over a batch")
-        return torch.from_numpy(distinct_points(out.detach().numpy(), TOL_DEDUP * self.scale))
-    def layer_labels(self)->list:
-        "(block index, 'FF' or 'SA', stage) for every layer, in order."
-        return [(i, kind, getattr(blk, kind.lower()).stage) for i, blk in enumerate(self.blocks) for kind in ("FF", "SA")]
-    @torch.no_grad()
-    def trajectory(self,
-                   X, # one input sequence (n, d)
-                   per:str="layer", # "layer": after every FF and SA layer; "block": after every block
-                  )->tuple:
-        "Positions of every token before and after every layer: (array (n_frames, n, d), list of each frame's stage)."
-        _check_option(per, ("layer", "block"), "per")
-        x = self._input(X); frames, labels = [x.numpy().copy()], ["input"]
-        for blk in self.blocks:
-            if per == "layer":
-                x = blk.ff(x); frames.append(x.numpy().copy()); labels.append(blk.ff.stage)
-                x = blk.sa(x); frames.append(x.numpy().copy()); labels.append(blk.sa.stage)
-            else:
-                x = blk(x); frames.append(x.numpy().copy()); labels.append(blk.stage)
-        return np.stack(frames), labels
-    def verify(self, X, Y)->np.ndarray:
-        "Hausdorff distance between the distinct outputs and the targets, for every pair (X[j], Y[j])."
-        outs = self.forward_many(X)
-        return np.array([hausdorff(distinct_points(o.numpy(), TOL_DEDUP * self.scale), y) for o, y in zip(outs, Y)])
-    def extra_repr(self):
-        return f"d={self.d}, attention={self.attention!r}, tau={self.tau}, n_blocks={self.n_blocks}, n_params={self.n_params}"
-
-# %% ../nbs/20_interpolation.ipynb #ecd8e320
+# %% ../nbs/20_interpolation.ipynb #b9220018
 class _Builder:
-    "Designs the blocks one after another from the current token positions (see the chapter for the stages)."
+    "Designs the blocks one after another from the current token positions (one method per stage, added below)."
     def __init__(self, X, Y, scale, attention, tau, mode, seed, stats=False):
         self.X, self.Y, self.scale, self.attention, self.tau, self.mode = X, Y, scale, attention, tau, mode
         self.N, self.d = len(X), X[0].shape[1]
@@ -412,7 +455,7 @@ class _Builder:
         self.tol = TOL_EQ * scale
         self.blocks = []
         self.stats = [] if stats else None   # per non-identity attention layer: (score gap, diameter, separation)
-
+        self.tau_bound_hint = "unknown"      # build_interpolator puts the softmax bound here, for error messages
     # -- applying blocks --------------------------------------------------------------------------------
     def apply_ff(self, ff):
         with torch.no_grad(): self.Z = ff(self.Z)
@@ -426,7 +469,7 @@ class _Builder:
         self.apply_ff(ff)
         if self.stats is not None and not sa.is_identity(): self.record_stats(sa)
         self.Z = self.apply_sa(sa)
-        self.blocks.append(Block(ff, sa, stage, padding))
+        self.blocks.append(InterpBlock(ff, sa, stage, padding))
 
     # -- geometry helpers --------------------------------------------------------------------------------
     def hat_direction(self, P, i, pool=None, extra=None):
@@ -458,197 +501,10 @@ class _Builder:
             if len(js) > 1: out.update((a, b) for ai, a in enumerate(js) for b in js[ai+1:])
         return out
 
-    # -- stage 1: separation ----------------------------------------------------------------------------
-    def separate(self):
-        N, d = self.N, self.d
-        lab = self.positions_by_sequence(); conf = self.conflicts(lab)
-        steps = 0
-        if conf:
-            Zn = self.Z.numpy()
-            _, first = np.unique(lab, return_index=True); reps = Zn[first]
-            cand = _units(self.rng, 64, d)
-            pr = np.sort(reps @ cand.T, axis=0)
-            gaps = (np.diff(pr, axis=0).min(0) if len(reps) > 1 else np.ones(64))
-            v = cand[int(np.argmax(gaps))]
-        while conf:
-            if steps >= N - 1: raise ConstructionError(f"separation did not finish in N - 1 = {N - 1} steps")
-            j, k = min(conf)
-            sj = set(lab[self.off[j]:self.off[j+1]].tolist()); sk = set(lab[self.off[k]:self.off[k+1]].tolist())
-            diff = sorted(sj - sk) or sorted(sk - sj)
-            if not diff: raise ConstructionError(f"sequences {j} and {k} have the same position set during separation")
-            Zn = self.Z.numpy()
-            ip = int(np.nonzero(lab == diff[0])[0][0]); p = Zn[ip].copy()
-            _, first = np.unique(lab, return_index=True); reps = Zn[first]
-            nu = reps @ v; nu_p = float(p @ v)
-            G = max(float(nu.max() - nu.min()), self.scale) / N
-            D = (float(nu.max()) - nu_p + G) * v
-            c = max(0.0, 1.0 - float(nu.min())) * v if steps == 0 else None
-            u, s, delta = self.hat_direction(Zn, ip, extra=v)
-            ff = _hat_ff(d, u, s, delta, D, c, "separation")
-            self.apply_ff(ff)
-            alpha = 1.0 / (2 * N)
-            allowed = conf - {(j, k)}
-            lam = 1.0
-            if self.attention == "softmax":   # sharpen A = lam v v^T so the pull is one-hot to ~e^-60 (see the chapter)
-                g = self.score_gap(SelfAttention(d, "hardmax", None, gamma=0.0, q=v, k=v, alpha=1.0, rho=0.0))
-                if math.isfinite(g) and g > 0: lam = max(1.0, 60.0 * self.tau / g)
-            for attempt in range(30):
-                sa = SelfAttention(d, self.attention, self.tau, gamma=0.0, q=lam * v, k=v, alpha=alpha, rho=1.0 - alpha, stage="separation")
-                Znew = self.apply_sa(sa)
-                lab_new = self.positions_by_sequence(Znew); conf_new = self.conflicts(lab_new)
-                same_seq_ok = all(len(np.unique(lab_new[self.off[i]:self.off[i+1]])) == self.n[i] for i in range(N))
-                if conf_new <= allowed and same_seq_ok: break
-                alpha *= self.rng.uniform(0.9, 1.1)
-            else:
-                raise ConstructionError("separation step created new coincidences for 30 random pull fractions")
-            if self.stats is not None: self.record_stats(sa)
-            self.Z = Znew; lab, conf = lab_new, conf_new
-            self.blocks.append(Block(ff, sa, "separation"))
-            steps += 1
-        self.n_separation = steps
-        if self.mode == "paper":
-            for _ in range(2 * N - steps): self.blocks.append(identity_block(d, self.attention, self.tau, "separation", padding=True))
-
-    # -- stage 2: leaders and extra outputs -------------------------------------------------------------
-    def place(self):
-        N, d, M = self.N, self.d, self.M
-        Zn = self.Z.numpy()
-        c = (1.0 - float(Zn.min())) * np.ones(d)
-        beta = float((Zn + c).max())
-        ymax_inf = max(float(np.abs(y).max()) for y in self.Y)
-        ymax_2 = max(float(np.linalg.norm(y, axis=1).max()) for y in self.Y)
-        Delta = max(1.0, 0.1 * (beta - 1.0))
-        theta0 = max(beta, ymax_inf) + Delta
-        leaders = [(theta0 + j * Delta) * np.ones(d) for j in range(N)]
-        K = M - N
-        R = max(ymax_2, math.sqrt(d) * theta0) + Delta
-        sphere = []
-        for r in range(1, K + 1):
-            psi = (math.pi / 4) * r / (K + 1)
-            w = np.full(d, 0.5); w[0], w[1] = math.cos(psi), math.sin(psi)
-            sphere.append(-R * w / np.linalg.norm(w))
-        moves, r = [], 0
-        for j in range(N):
-            moves.append((self.off[j], leaders[j]))
-            for i in range(1, self.m[j]): moves.append((self.off[j] + i, sphere[r])); r += 1
-        self.geometry = dict(beta=beta, Delta=Delta, theta0=theta0, R=R, leaders=np.array(leaders),
-                             sphere=np.array(sphere).reshape(-1, d), translation=c)
-        pool = _units(self.rng, 64, d)
-        Pproj = Zn @ pool.T
-        for t, (idx, dest) in enumerate(moves):
-            Zn = self.Z.numpy()
-            diff = np.abs(Pproj - Pproj[idx]); diff[idx] = np.inf
-            u = pool[int(np.argmax(diff.min(0)))]
-            tt = self.Z @ torch.from_numpy(u); s = float(tt[idx])
-            gap = (tt - s).abs_(); gap[idx] = float("inf")
-            delta = 0.5 * float(gap.min()) if len(Zn) > 1 else self.scale
-            if not delta > 0.5e-13 * self.scale: raise ConstructionError("could not isolate a token in the leaders stage (tokens too close)")
-            first = t == 0
-            D = dest - Zn[idx] - (c if first else 0.0)
-            ff = _hat_ff(d, u, s, delta, D, c if first else None, "leaders")
-            last = t == len(moves) - 1
-            if last and self.attention == "softmax":
-                sa = SelfAttention(d, "softmax", self.tau, gamma=1.0, alpha=1.0, rho=0.0, stage="collapse")
-            else:
-                sa = SelfAttention(d, self.attention, self.tau, stage="leaders")
-            self.push(ff, sa, "leaders")
-            if first: Pproj = self.Z.numpy() @ pool.T
-            else: Pproj[idx] = self.Z.numpy()[idx] @ pool.T
-
-    # -- stage 3: hardmax collapse ----------------------------------------------------------------------
-    def collapse(self):
-        sa = SelfAttention(self.d, "hardmax", None, gamma=1.0, alpha=1.0, rho=0.0, stage="collapse")
-        self.push(FeedForward(self.d, stage="collapse"), sa, "collapse")
-        Zn = self.Z.numpy()
-        for j in range(self.N):
-            k = len(np.unique(Zn[self.off[j]:self.off[j+1]], axis=0))
-            if k != self.m[j]: raise ConstructionError(f"sequence {j}: {k} distinct positions after the collapse, expected {self.m[j]}")
-
-    # -- stage 3': softmax snap -------------------------------------------------------------------------
-    def _intervals(self, proj):
-        "Projection interval of each cluster (leader + non-selected tokens) and of each extra output token."
-        iv = []
-        for j in range(self.N):
-            idx = np.r_[self.off[j], np.arange(self.off[j] + self.m[j], self.off[j+1])]
-            iv.append((float(proj[idx].min()), float(proj[idx].max())))
-        for j in range(self.N):
-            for i in range(1, self.m[j]): p = float(proj[self.off[j] + i]); iv.append((p, p))
-        return iv
-    @staticmethod
-    def _min_gap(iv):
-        s = sorted(iv)
-        return min([b[0] - a[1] for a, b in zip(s, s[1:])], default=float("inf"))
-    def snap(self):
-        N, d = self.N, self.d
-        Zn = self.Z.numpy()
-        e = np.ones(d) / math.sqrt(d)
-        gap = self._min_gap(self._intervals(Zn @ e))
-        if not gap > self.tol:
-            cand = _units(self.rng, 256, d)
-            gaps = [self._min_gap(self._intervals(Zn @ cc)) for cc in cand]
-            e = cand[int(np.argmax(gaps))]; gap = max(gaps)
-        if not gap > self.tol:
-            raise ConstructionError(f"tau too large: after the softmax clustering the clusters of different sequences overlap "
-                                    f"(smallest gap {gap:.2e}); use a smaller tau (the bound tau*_est is {self.tau_bound_hint})")
-        margin = gap / 4 if math.isfinite(gap) else self.scale   # a single interval: any margin works
-        targets = np.concatenate(self.Y)
-        for attempt in range(10):
-            g = e if attempt == 0 else _units(self.rng, 1, d)[0]
-            Z0, blocks = self.Z, []
-            ein = e
-            for j in range(N):
-                proj = (self.Z @ torch.from_numpy(ein)).numpy()
-                lo, hi = self._intervals(proj)[j]
-                c = float(proj.min()) - 1.0
-                ff = _snap_ff(d, ein, g, c, lo - margin, hi + margin)
-                self.apply_ff(ff); blocks.append(Block(ff, SelfAttention(d, "softmax", self.tau, stage="snap"), "snap"))
-                ein = g
-            pts = self.output_points()
-            dist = min(float(np.linalg.norm(targets - p, axis=1).min()) for p in pts)
-            if dist > self.tol: break
-            self.Z = Z0
-        else:
-            raise ConstructionError("after the snap blocks an output point coincides with a target for 10 random directions")
-        self.blocks.extend(blocks)
-        Zn = self.Z.numpy()
-        for j in range(N):
-            k = len(distinct_points(Zn[self.off[j]:self.off[j+1]], self.tol))
-            if k != self.m[j]: raise ConstructionError(f"tau too large: sequence {j} has {k} distinct positions after the snap blocks, expected {self.m[j]}")
-
-    # -- stage 4: interpolation -------------------------------------------------------------------------
     def output_points(self):
         "Current position of each output point (leader of each sequence, then its extra tokens)."
         Zn = self.Z.numpy()
         return np.stack([Zn[self.off[j] + i] for j in range(self.N) for i in range(self.m[j])])
-    def interpolate(self):
-        d = self.d
-        P = torch.from_numpy(self.output_points().copy())
-        targets = [y for j in range(self.N) for y in self.Y[j]]
-        pool = _units(self.rng, 64, d)
-        hit = _min_cross_distance(P.numpy(), np.asarray(targets))
-        if not hit > self.tol:   # the leaders and sphere points were placed away from every target
-            raise ConstructionError("an output point that has not been moved yet coincides with a target")
-        order = np.argsort(-np.linalg.norm(P.numpy(), axis=1), kind="stable")   # farthest first (see below)
-        for r in order:
-            Pn, y = P.numpy(), targets[r]
-            u, s, delta = self.one_sided_direction(Pn, r, pool)
-            ff = _hat_ff(d, u, s, delta, y - Pn[r], None, "interpolation")
-            with torch.no_grad(): P = ff(P)
-            self.blocks.append(Block(ff, SelfAttention(d, self.attention, self.tau, stage="interpolation"), "interpolation"))
-
-    def one_sided_direction(self, P, i, pool):
-        "Like `hat_direction`, but prefer a direction in which P[i] is the strict maximum: then no other point is on the hat's right flank."
-        p = P[i]; others = np.linalg.norm(P - p, axis=1) > self.tol
-        if not others.any(): return self.hat_direction(P, i, pool=pool)
-        cand = np.vstack([pool, p / max(np.linalg.norm(p), 1e-300)])
-        proj = P[others] @ cand.T; sp = p @ cand.T
-        right = sp - proj.max(0)                     # > 0: p is the strict maximum along that direction
-        if not (right > 0).any(): return self.hat_direction(P, i, pool=pool)
-        u = cand[int(np.argmax(np.where(right > 0, right, -np.inf)))]
-        t = self.Z.new_tensor(P) @ torch.from_numpy(u)
-        s = float(t[i]); gap = float((s - t[torch.from_numpy(others)]).min())
-        if not gap > 1e-13 * self.scale: return self.hat_direction(P, i, pool=pool)
-        return u, s, 0.5 * gap
 
     # -- tau bound statistics ---------------------------------------------------------------------------
     def score_gap(self, sa):
@@ -669,13 +525,6 @@ class _Builder:
         with torch.no_grad(): out = distinct_points(self.apply_sa(sa).numpy(), self.tol)
         self.stats.append((sa.stage, self.score_gap(sa), diam, _min_pairwise_distance(out)))
 
-    def build(self):
-        self.separate()
-        self.place()
-        if self.attention == "hardmax": self.collapse()
-        else: self.snap()
-        self.interpolate()
-        return self.blocks
 
 def _min_cross_distance(P, Q)->float:
     "Smallest distance between a row of P and a row of Q; chunked brute force."
@@ -694,7 +543,214 @@ def _min_pairwise_distance(P)->float:
         best = min(best, float(dist.min()))
     return best
 
-# %% ../nbs/20_interpolation.ipynb #09803f25
+# %% ../nbs/20_interpolation.ipynb #81d3d6dd
+@patch
+def separate(self:_Builder):
+    N, d = self.N, self.d
+    lab = self.positions_by_sequence(); conf = self.conflicts(lab)
+    steps = 0
+    if conf:
+        Zn = self.Z.numpy()
+        _, first = np.unique(lab, return_index=True); reps = Zn[first]
+        cand = _units(self.rng, 64, d)
+        pr = np.sort(reps @ cand.T, axis=0)
+        gaps = (np.diff(pr, axis=0).min(0) if len(reps) > 1 else np.ones(64))
+        v = cand[int(np.argmax(gaps))]
+    while conf:
+        if steps >= N - 1: raise ConstructionError(f"separation did not finish in N - 1 = {N - 1} steps")
+        j, k = min(conf)
+        sj = set(lab[self.off[j]:self.off[j+1]].tolist()); sk = set(lab[self.off[k]:self.off[k+1]].tolist())
+        diff = sorted(sj - sk) or sorted(sk - sj)
+        if not diff: raise ConstructionError(f"sequences {j} and {k} have the same position set during separation")
+        Zn = self.Z.numpy()
+        ip = int(np.nonzero(lab == diff[0])[0][0]); p = Zn[ip].copy()
+        _, first = np.unique(lab, return_index=True); reps = Zn[first]
+        nu = reps @ v; nu_p = float(p @ v)
+        G = max(float(nu.max() - nu.min()), self.scale) / N
+        D = (float(nu.max()) - nu_p + G) * v
+        c = max(0.0, 1.0 - float(nu.min())) * v if steps == 0 else None
+        u, s, delta = self.hat_direction(Zn, ip, extra=v)
+        ff = _hat_ff(d, u, s, delta, D, c, "separation")
+        self.apply_ff(ff)
+        alpha = 1.0 / (2 * N)
+        allowed = conf - {(j, k)}
+        lam = 1.0
+        if self.attention == "softmax":   # sharpen A = lam v v^T so the pull is one-hot to ~e^-60 (see the chapter)
+            g = self.score_gap(InterpAttention(d, "hardmax", None, gamma=0.0, q=v, k=v, alpha=1.0, rho=0.0))
+            if math.isfinite(g) and g > 0: lam = max(1.0, 60.0 * self.tau / g)
+        for attempt in range(30):
+            sa = InterpAttention(d, self.attention, self.tau, gamma=0.0, q=lam * v, k=v, alpha=alpha, rho=1.0 - alpha, stage="separation")
+            Znew = self.apply_sa(sa)
+            lab_new = self.positions_by_sequence(Znew); conf_new = self.conflicts(lab_new)
+            same_seq_ok = all(len(np.unique(lab_new[self.off[i]:self.off[i+1]])) == self.n[i] for i in range(N))
+            if conf_new <= allowed and same_seq_ok: break
+            alpha *= self.rng.uniform(0.9, 1.1)
+        else:
+            raise ConstructionError("separation step created new coincidences for 30 random pull fractions")
+        if self.stats is not None: self.record_stats(sa)
+        self.Z = Znew; lab, conf = lab_new, conf_new
+        self.blocks.append(InterpBlock(ff, sa, "separation"))
+        steps += 1
+    self.n_separation = steps
+    if self.mode == "paper":
+        for _ in range(2 * N - steps): self.blocks.append(identity_block(d, self.attention, self.tau, "separation", padding=True))
+
+# %% ../nbs/20_interpolation.ipynb #6cee69c5
+@patch
+def place(self:_Builder):
+    N, d, M = self.N, self.d, self.M
+    Zn = self.Z.numpy()
+    c = (1.0 - float(Zn.min())) * np.ones(d)
+    beta = float((Zn + c).max())
+    ymax_inf = max(float(np.abs(y).max()) for y in self.Y)
+    ymax_2 = max(float(np.linalg.norm(y, axis=1).max()) for y in self.Y)
+    Delta = max(1.0, 0.1 * (beta - 1.0))
+    theta0 = max(beta, ymax_inf) + Delta
+    leaders = [(theta0 + j * Delta) * np.ones(d) for j in range(N)]
+    K = M - N
+    R = max(ymax_2, math.sqrt(d) * theta0) + Delta
+    sphere = []
+    for r in range(1, K + 1):
+        psi = (math.pi / 4) * r / (K + 1)
+        w = np.full(d, 0.5); w[0], w[1] = math.cos(psi), math.sin(psi)
+        sphere.append(-R * w / np.linalg.norm(w))
+    moves, r = [], 0
+    for j in range(N):
+        moves.append((self.off[j], leaders[j]))
+        for i in range(1, self.m[j]): moves.append((self.off[j] + i, sphere[r])); r += 1
+    self.geometry = dict(beta=beta, Delta=Delta, theta0=theta0, R=R, leaders=np.array(leaders),
+                         sphere=np.array(sphere).reshape(-1, d), translation=c)
+    pool = _units(self.rng, 64, d)
+    Pproj = Zn @ pool.T
+    for t, (idx, dest) in enumerate(moves):
+        Zn = self.Z.numpy()
+        diff = np.abs(Pproj - Pproj[idx]); diff[idx] = np.inf
+        u = pool[int(np.argmax(diff.min(0)))]
+        tt = self.Z @ torch.from_numpy(u); s = float(tt[idx])
+        gap = (tt - s).abs_(); gap[idx] = float("inf")
+        delta = 0.5 * float(gap.min()) if len(Zn) > 1 else self.scale
+        if not delta > 0.5e-13 * self.scale: raise ConstructionError("could not isolate a token in the leaders stage (tokens too close)")
+        first = t == 0
+        D = dest - Zn[idx] - (c if first else 0.0)
+        ff = _hat_ff(d, u, s, delta, D, c if first else None, "leaders")
+        last = t == len(moves) - 1
+        if last and self.attention == "softmax":
+            sa = InterpAttention(d, "softmax", self.tau, gamma=1.0, alpha=1.0, rho=0.0, stage="collapse")
+        else:
+            sa = InterpAttention(d, self.attention, self.tau, stage="leaders")
+        self.push(ff, sa, "leaders")
+        if first: Pproj = self.Z.numpy() @ pool.T
+        else: Pproj[idx] = self.Z.numpy()[idx] @ pool.T
+
+# %% ../nbs/20_interpolation.ipynb #2f4bff9a
+@patch
+def collapse(self:_Builder):
+    sa = InterpAttention(self.d, "hardmax", None, gamma=1.0, alpha=1.0, rho=0.0, stage="collapse")
+    self.push(FeedForward(self.d, stage="collapse"), sa, "collapse")
+    Zn = self.Z.numpy()
+    for j in range(self.N):
+        k = len(np.unique(Zn[self.off[j]:self.off[j+1]], axis=0))
+        if k != self.m[j]: raise ConstructionError(f"sequence {j}: {k} distinct positions after the collapse, expected {self.m[j]}")
+
+# %% ../nbs/20_interpolation.ipynb #fa280082
+@patch
+def _intervals(self:_Builder, proj):
+    "Projection interval of each cluster (leader + non-selected tokens) and of each extra output token."
+    iv = []
+    for j in range(self.N):
+        idx = np.r_[self.off[j], np.arange(self.off[j] + self.m[j], self.off[j+1])]
+        iv.append((float(proj[idx].min()), float(proj[idx].max())))
+    for j in range(self.N):
+        for i in range(1, self.m[j]): p = float(proj[self.off[j] + i]); iv.append((p, p))
+    return iv
+
+def _min_gap(iv):
+    "Smallest gap between consecutive intervals of `iv` (inf for a single one)."
+    s = sorted(iv)
+    return min([b[0] - a[1] for a, b in zip(s, s[1:])], default=float("inf"))
+
+@patch
+def snap(self:_Builder):
+    N, d = self.N, self.d
+    Zn = self.Z.numpy()
+    e = np.ones(d) / math.sqrt(d)
+    gap = _min_gap(self._intervals(Zn @ e))
+    if not gap > self.tol:
+        cand = _units(self.rng, 256, d)
+        gaps = [_min_gap(self._intervals(Zn @ cc)) for cc in cand]
+        e = cand[int(np.argmax(gaps))]; gap = max(gaps)
+    if not gap > self.tol:
+        raise ConstructionError(f"tau too large: after the softmax clustering the clusters of different sequences overlap "
+                                f"(smallest gap {gap:.2e}); use a smaller tau (the bound tau*_est is {self.tau_bound_hint})")
+    margin = gap / 4 if math.isfinite(gap) else self.scale   # a single interval: any margin works
+    targets = np.concatenate(self.Y)
+    for attempt in range(10):
+        g = e if attempt == 0 else _units(self.rng, 1, d)[0]
+        Z0, blocks = self.Z, []
+        ein = e
+        for j in range(N):
+            proj = (self.Z @ torch.from_numpy(ein)).numpy()
+            lo, hi = self._intervals(proj)[j]
+            c = float(proj.min()) - 1.0
+            ff = _snap_ff(d, ein, g, c, lo - margin, hi + margin)
+            self.apply_ff(ff); blocks.append(InterpBlock(ff, InterpAttention(d, "softmax", self.tau, stage="snap"), "snap"))
+            ein = g
+        pts = self.output_points()
+        dist = min(float(np.linalg.norm(targets - p, axis=1).min()) for p in pts)
+        if dist > self.tol: break
+        self.Z = Z0
+    else:
+        raise ConstructionError("after the snap blocks an output point coincides with a target for 10 random directions")
+    self.blocks.extend(blocks)
+    Zn = self.Z.numpy()
+    for j in range(N):
+        k = len(distinct_points(Zn[self.off[j]:self.off[j+1]], self.tol))
+        if k != self.m[j]: raise ConstructionError(f"tau too large: sequence {j} has {k} distinct positions after the snap blocks, expected {self.m[j]}")
+
+# %% ../nbs/20_interpolation.ipynb #f7ca8d9b
+@patch
+def interpolate(self:_Builder):
+    d = self.d
+    P = torch.from_numpy(self.output_points().copy())
+    targets = [y for j in range(self.N) for y in self.Y[j]]
+    pool = _units(self.rng, 64, d)
+    hit = _min_cross_distance(P.numpy(), np.asarray(targets))
+    if not hit > self.tol:   # the leaders and sphere points were placed away from every target
+        raise ConstructionError("an output point that has not been moved yet coincides with a target")
+    order = np.argsort(-np.linalg.norm(P.numpy(), axis=1), kind="stable")   # farthest first (see below)
+    for r in order:
+        Pn, y = P.numpy(), targets[r]
+        u, s, delta = self.one_sided_direction(Pn, r, pool)
+        ff = _hat_ff(d, u, s, delta, y - Pn[r], None, "interpolation")
+        with torch.no_grad(): P = ff(P)
+        self.blocks.append(InterpBlock(ff, InterpAttention(d, self.attention, self.tau, stage="interpolation"), "interpolation"))
+
+@patch
+def one_sided_direction(self:_Builder, P, i, pool):
+    "Like `hat_direction`, but prefer a direction in which P[i] is the strict maximum: then no other point is on the hat's right flank."
+    p = P[i]; others = np.linalg.norm(P - p, axis=1) > self.tol
+    if not others.any(): return self.hat_direction(P, i, pool=pool)
+    cand = np.vstack([pool, p / max(np.linalg.norm(p), 1e-300)])
+    proj = P[others] @ cand.T; sp = p @ cand.T
+    right = sp - proj.max(0)                     # > 0: p is the strict maximum along that direction
+    if not (right > 0).any(): return self.hat_direction(P, i, pool=pool)
+    u = cand[int(np.argmax(np.where(right > 0, right, -np.inf)))]
+    t = self.Z.new_tensor(P) @ torch.from_numpy(u)
+    s = float(t[i]); gap = float((s - t[torch.from_numpy(others)]).min())
+    if not gap > 1e-13 * self.scale: return self.hat_direction(P, i, pool=pool)
+    return u, s, 0.5 * gap
+
+# %% ../nbs/20_interpolation.ipynb #d2614ee7
+@patch
+def build(self:_Builder):
+    self.separate()
+    self.place()
+    if self.attention == "hardmax": self.collapse()
+    else: self.snap()
+    self.interpolate()
+    return self.blocks
+
+# %% ../nbs/20_interpolation.ipynb #b11b102d
 def tau_bound(
     X, # input sequences
     Y, # target sequences
@@ -713,7 +769,7 @@ def _tau_bound(X, Y, scale, seed):
             if stage == "collapse" and math.isfinite(g) and s > 0]
     return min(vals, default=float("inf"))
 
-# %% ../nbs/20_interpolation.ipynb #6cff2cb6
+# %% ../nbs/20_interpolation.ipynb #e810e76f
 def build_interpolator(
     X, # N input sequences, each (n_j, d): arrays, tensors or lists (or one (N, n, d) array)
     Y, # N target sequences, each (m_j, d), 1 <= m_j <= n_j
@@ -725,7 +781,7 @@ def build_interpolator(
     verify:bool=True, # check every training pair after building (raise ConstructionError if not exact)
 )->ExactInterpolator:
     "Build the explicit transformer that maps every X[j] exactly onto the token set Y[j]."
-    _check_option(attention, ATTENTIONS, "attention"); _check_option(mode, MODES, "mode")
+    check_option(attention, ATTENTIONS, "attention"); check_option(mode, MODES, "mode")
     X, Y, scale = validate_dataset(X, Y)
     d = X[0].shape[1]
     t0 = time.perf_counter()
@@ -763,44 +819,30 @@ def build_interpolator(
     T.info["seconds"] = time.perf_counter() - t0
     return T
 
-# %% ../nbs/20_interpolation.ipynb #34045592
-def random_dataset(
-    N:int=5, # number of sequences
-    d:int=2, # token dimension
-    n:tuple=(1, 8), # input lengths are drawn uniformly from this range (inclusive), or an int
-    m:tuple=None, # target lengths: range, int, or None for uniform in [1, n_j]
-    pool:int=None, # draw input tokens from a pool of this many points (shared tokens); None: all distinct
-    scale:float=1.0, # multiply every coordinate by this
-    seed:int=0, # random seed
-)->tuple:
-    "A random dataset (X, Y) that satisfies the theorem's assumptions."
-    rng = np.random.default_rng(seed)
-    lo_hi = lambda r: (r, r) if isinstance(r, (int, np.integer)) else r
-    P = rng.standard_normal((pool, d)) if pool else None
-    X, Y, seen = [], [], set()
-    for _ in range(100 * N + 100):
-        if len(X) == N: break
-        nj = int(rng.integers(lo_hi(n)[0], lo_hi(n)[1] + 1))
-        if pool:
-            idx = tuple(sorted(rng.choice(pool, size=min(nj, pool), replace=False).tolist()))
-            if idx in seen: continue
-            seen.add(idx); x = P[list(idx)]
-        else: x = rng.standard_normal((nj, d))
-        mj = int(rng.integers(1, len(x) + 1)) if m is None else min(len(x), int(rng.integers(lo_hi(m)[0], lo_hi(m)[1] + 1)))
-        X.append(scale * x); Y.append(scale * rng.standard_normal((mj, d)))
-    if len(X) < N: raise ValueError(f"could not draw {N} distinct token sets from a pool of {pool} points; use a larger pool")
-    return X, Y
+# %% ../nbs/20_interpolation.ipynb #15c66f42
+@patch
+def layer_labels(self:ExactInterpolator)->list:
+    "(block index, 'FF' or 'SA', stage) for every layer, in order."
+    return [(i, kind, getattr(blk, kind.lower()).stage) for i, blk in enumerate(self.blocks) for kind in ("FF", "SA")]
 
-def toy_dataset()->tuple:
-    "The 2-D toy of the paper's Fig. 5: circles (5 tokens), triangles (3), stars (4), sharing positions; targets of lengths 1, 1, 2."
-    a, b, c, e = [0.2, 0.9], [0.9, 0.4], [-0.5, -0.3], [0.1, -0.8]
-    X = [np.array([a, b, c, [-0.9, 0.5], [0.5, -0.2]]),
-         np.array([a, [-0.2, 0.3], e]),
-         np.array([b, e, [0.8, -0.7], [-0.6, 0.9]])]
-    Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
-    return X, Y
+@patch
+@torch.no_grad()
+def trajectory(self:ExactInterpolator,
+               X, # one input sequence (n, d)
+               per:str="layer", # "layer": after every FF and SA layer; "block": after every block
+              )->tuple:
+    "Positions of every token before and after every layer: (array (n_frames, n, d), list of each frame's stage)."
+    check_option(per, ("layer", "block"), "per")
+    x = self._input(X); frames, labels = [x.numpy().copy()], ["input"]
+    for blk in self.blocks:
+        if per == "layer":
+            x = blk.ff(x); frames.append(x.numpy().copy()); labels.append(blk.ff.stage)
+            x = blk.sa(x); frames.append(x.numpy().copy()); labels.append(blk.sa.stage)
+        else:
+            x = blk(x); frames.append(x.numpy().copy()); labels.append(blk.stage)
+    return np.stack(frames), labels
 
-# %% ../nbs/20_interpolation.ipynb #cbb53f5e
+# %% ../nbs/20_interpolation.ipynb #002c02b4
 DATASET_FORMATS = (".npz", ".json")
 
 def _split(flat, lengths, key, path):
