@@ -126,7 +126,7 @@ def lemma_figure(seed:int=0)->go.Figure:
     fig.update_layout(height=400, margin=dict(t=80, b=30))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #9ed8a33e
+# %% ../nbs/21_interpolation_theory.ipynb #1d43036c
 def _pca(points):
     "Mean and the top-2 principal directions of `points` (rows)."
     mu = points.mean(0)
@@ -200,7 +200,7 @@ def trajectory_animation(
         margin=dict(b=90), meta=dict(stages=[labels[k] for k in keep]))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #ca2d431d
+# %% ../nbs/21_interpolation_theory.ipynb #eee2557d
 def hardmax_vs_softmax_figure(
     tau:float=0.15, # softmax temperature of the right panel
     seed:int=0, # random tokens in the box
@@ -216,7 +216,7 @@ def hardmax_vs_softmax_figure(
     fig.update_layout(height=380, margin=dict(t=80, b=30))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #a87b564e
+# %% ../nbs/21_interpolation_theory.ipynb #cfa007ce
 def resnet_reference_params(n:int, d:int, N:int)->int:
     "N width-one residual layers x + w relu(u.x + b) on flattened sequences in R^(d n): N (2 d n + 1) parameters."
     return N * (2 * d * n + 1)
@@ -236,7 +236,7 @@ def params_vs_length_figure(
                       title=f"Parameters against input length (N = {N}, d = {d})", height=400, legend=dict(x=0.02, y=0.98))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #299c8dea
+# %% ../nbs/21_interpolation_theory.ipynb #aecd678f
 class TikhonovStudent(torch.nn.Module):
     "The authors' one-block student: attention (one head, full V, softmax at temperature tau) then a width-4 feed-forward layer."
     def __init__(self, d:int, width:int=4, tau:float=1.0, seed:int=0):
@@ -293,7 +293,7 @@ def tikhonov_figure(histories:dict, norm2:float)->go.Figure:
     fig.update_layout(height=400, legend=dict(orientation="h", y=-0.2))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #f612723d
+# %% ../nbs/21_interpolation_theory.ipynb #d613b1bd
 def hausdorff_sq(P:torch.Tensor, Q:torch.Tensor)->torch.Tensor:
     "Differentiable squared Hausdorff distance between point sets P (n, d) and Q (m, d)."
     D = ((P[:, None, :] - Q[None, :, :]) ** 2).sum(-1)
