@@ -297,11 +297,10 @@ class LiveFigure(go.FigureWidget):
     def _send_deleteTraces_msg(self, *a, **k): super()._send_deleteTraces_msg(*a, **k); self.keep_state()
     def _send_moveTraces_msg(self, *a, **k): super()._send_moveTraces_msg(*a, **k); self.keep_state()
 
-# %% ../nbs/30_widgets.ipynb #f613cd57
+# %% ../nbs/30_widgets.ipynb #53e66300
 class SplineEditor:
     "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
     INSTRUCTIONS = "drag a knot, or pick one with the knot slider and move its value"
-    ECHO_WINDOW = 10.0   # seconds during which a value the editor put on the value slider is taken for the browser's echo
     def __init__(self,
                  target,                         # LinearSpline, SplineBank, Nonlinearities, a model, or a SplineRef
                  effect:Optional[Callable]=None, # called with no arguments after each edit; returns a number, dict, array or figure
@@ -359,7 +358,7 @@ class SplineEditor:
         self.history.clear(); self._set_status(self.INSTRUCTIONS)
     def __repr__(self): return f"SplineEditor({list(self.refs)}, editing {self.name!r})"
 
-# %% ../nbs/30_widgets.ipynb #84d48836
+# %% ../nbs/30_widgets.ipynb #8c55bec1
 @patch
 @torch.no_grad()
 def set_values(self:SplineEditor,
@@ -401,7 +400,7 @@ def refresh(self:SplineEditor):
 @patch
 def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
     "Put the value slider on knot `k`; `rescale` fits its range to the spline (not while the reader drags it)."
-    v = self.values.detach(); y = float(v[k])
+    v = self.values.detach(); y = round(float(v[k]), 3)    # on the slider's grid: the browser has nothing to correct
     if rescale:
         span = max(1.0, float(v.max() - v.min()))
         lo, hi = math.floor(float(v.min()) - span / 4), math.ceil(float(v.max()) + span / 4)
@@ -412,11 +411,11 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
             self.value_slider.min, self.value_slider.max = min(lo, self.value_slider.min), max(hi, self.value_slider.max)
             self.value_slider.value = y
             self.value_slider.min, self.value_slider.max = lo, hi
-        self._echoes = [(t, e) for t, e in self._echoes if t > time.monotonic() - self.ECHO_WINDOW][-255:] + [(time.monotonic(), y)]
+        self._echoes = self._echoes[-1023:] + [y]
         self.knot_slider.value = k
     finally: self._quiet = was
 
-# %% ../nbs/30_widgets.ipynb #751ec2b9
+# %% ../nbs/30_widgets.ipynb #ba3ef5b8
 @patch
 def _on_knot(self:SplineEditor, k):
     if self._quiet: return
@@ -432,8 +431,7 @@ def _on_value(self:SplineEditor, y):
     if self._quiet: return
     k = self.knot_slider.value
     if abs(y - self.values[k].item()) <= self.value_slider.step / 2: return   # the browser rounding our own value to the step
-    if any(abs(y - e) <= self.value_slider.step / 2 and t > time.monotonic() - self.ECHO_WINDOW
-           for t, e in self._echoes): return      # a value this editor sent, echoed back late by the browser
+    if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes): return  # a value this editor sent, echoed late
     self._echoes.clear()                       # the reader moves the slider: earlier values can no longer come back
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"
@@ -588,7 +586,7 @@ def _repr_mimebundle_(self:SplineEditor, include=None, exclude=None):
 from .interpolation import build_interpolator, random_dataset
 from .interpolation_theory import trajectory_animation
 
-# %% ../nbs/30_widgets.ipynb #662101c8
+# %% ../nbs/30_widgets.ipynb #40899270
 def collapse_figure(
     T,                 # an ExactInterpolator (from `build_interpolator`)
     X,                 # the input sequences it was built for
@@ -597,10 +595,37 @@ def collapse_figure(
     title:str="token collapse",
     frame_ms:int=600,  # milliseconds per frame when playing
 )->go.Figure:
-    "The player's animation: `trajectory_animation` with every frame, leaders as stars, per-frame zoom, PCA for d > 2."
+    "The player's animation: `trajectory_animation` with leaders as stars, per-frame zoom, PCA for d > 2; blocks that move no token share a frame."
     d = np.asarray(X[0]).shape[1]
-    return trajectory_animation(T, X, Y, per=per, title=title, duration=frame_ms, max_frames=None,
-                                project="pca" if d > 2 else "dims", leaders=True, zoom=True)
+    fig = trajectory_animation(T, X, Y, per=per, title=title, duration=frame_ms, max_frames=None,
+                               project="pca" if d > 2 else "dims", leaders=True, zoom=True)
+    return _merge_still_frames(_no_star_sequences(fig))
+
+def _no_star_sequences(fig):
+    "A sequence drawn with the leaders' star gets an open star-square instead (stars mean leaders only)."
+    for traces in [fig.data] + [f.data for f in fig.frames]:
+        for t in traces:
+            if (t.name or "").startswith("sequence") and t.marker.symbol == "star": t.marker.symbol = "star-square-open"
+    return fig
+
+def _merge_still_frames(fig):
+    "Drop frames in which no token moved (a block that found nothing to do); the frame before says which blocks it stands for."
+    def pts(f): return np.concatenate([np.c_[t.x, t.y] for t in f.data]) if f.data else np.zeros((0, 2))
+    frames, steps, stages = list(fig.frames), list(fig.layout.sliders[0].steps), list(fig.layout.meta["stages"])
+    keep, last = [0], {0: 0}
+    for i in range(1, len(frames)):
+        a, b = pts(frames[keep[-1]]), pts(frames[i])
+        if a.shape == b.shape and np.allclose(a, b, atol=1e-9, rtol=0): last[keep[-1]] = i
+        else: keep.append(i); last[i] = i
+    if len(keep) == len(frames): return fig
+    for i in keep:
+        if last[i] > i:
+            steps[i].label = f"{steps[i].label}–{steps[last[i]].label}"
+            frames[i].layout.title.text += f" (blocks {int(steps[i].label.split('–')[0]) + 1}–{steps[last[i]].label} move no token)"
+    fig.frames = [frames[i] for i in keep]
+    fig.layout.sliders[0].steps = [steps[i] for i in keep]
+    fig.layout.meta = {**fig.layout.meta, "stages": [stages[i] for i in keep]}
+    return fig
 
 # %% ../nbs/30_widgets.ipynb #83bbc2ae
 class AnimationOutput:

@@ -128,7 +128,7 @@ def test_collapse_animation():
     X, Y = random_dataset(N=2, d=2, n=4, m=2, pool=6, seed=3)
     T = build_interpolator(X, Y)
     fig = collapse_figure(T, X, Y)
-    assert len(fig.frames) == T.n_blocks + 1 and fig.layout.updatemenus[0].buttons[0].method == "animate"
+    assert len(fig.frames) <= T.n_blocks + 1 and fig.layout.updatemenus[0].buttons[0].method == "animate"
     assert len(fig.layout.sliders[0].steps) == len(fig.frames)
     assert fig.layout.meta["stages"][-1] == "interpolation"
     last = fig.frames[-1].data
@@ -254,3 +254,17 @@ def test_value_slider_resolution(spline):
     ed = SplineEditor(LinearSpline(33, -8.0, 8.0, init="gelu"))
     sl = ed.value_slider
     assert sl.step <= 0.001 and (sl.max - sl.min) <= 1.6 * 8 + 2
+
+
+def test_player_frames_all_move_and_symbols_differ():
+    "Issue 18 (7): no frame repeats the one before (blocks that move nothing share a frame, its slider label says which);"
+    " no sequence is drawn with the leaders' star."
+    X, Y = random_dataset(N=3, d=2, n=5, m=2, pool=8, seed=0)
+    fig = collapse_figure(build_interpolator(X, Y), X, Y)
+    for a, b in zip(fig.frames[:-1], fig.frames[1:]):
+        assert not all(np.allclose(s.x, t.x) and np.allclose(s.y, t.y) for s, t in zip(a.data, b.data))
+    assert any("–" in s.label for s in fig.layout.sliders[0].steps)
+    assert [s.args[0][0] for s in fig.layout.sliders[0].steps] == [f.name for f in fig.frames]
+    assert len(fig.layout.meta["stages"]) == len(fig.frames)
+    for t in fig.data:
+        if t.name.startswith("sequence"): assert t.marker.symbol != "star", t.name

@@ -1,14 +1,16 @@
-"""The widgets chapter live in JupyterLab (headless Chromium): run all cells, drag a knot and move a slider of the spline
-editor and see the curve and the live-effect panel change, press Play on the collapse player and see the frame
-advance; no request leaves the machine. Also the offline (static-site) editor: drag a knot in a plain HTML page."""
+"""The widgets chapter live in JupyterLab (headless Chromium), used as a reader would: Run All, press buttons and drag
+knots with the mouse, move a slider, pick from a drop-down, reload the page, resize the notebook area, Play and Pause
+the collapse player, Run All again. After each action every figure (curve points, knot circles, marker, titles,
+effect panel) must show what the kernel holds; no edit may appear that the cells did not make; no figure may change
+height; no console error, kernel traceback or warning; no request leaves the machine. Also the offline (static-site) editor: drag a knot in a plain HTML page."""
 import contextlib, json, os, secrets, shutil, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
 import pytest
 
-from browser import require_browser, launch, serve, free_port, open_page
+from browser import require_browser, launch, serve, free_port, open_page, console_errors
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "nbs" / "30_widgets.ipynb"
@@ -114,63 +116,244 @@ def browser():
     with launch() as b: yield b
 
 
+SHOTS = os.environ.get("WIDGETS_SHOTS")    # a folder: save screenshots of each check there (for a reviewer)
+
+
+def _shot(page, name, prefix=None, plot=None):
+    if not SHOTS: return
+    if prefix is not None:
+        page.evaluate(f"() => {{ const g = {_plots(page, prefix)}; const n = g.length ? g[{plot or 0}] : ({JS_CELL})({json.dumps(prefix)});"
+                      " n.scrollIntoView({block: 'center'}); }")
+        page.wait_for_timeout(400)
+    Path(SHOTS).mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
+
+
+def _kernel(page, code):
+    "Run `code` in the notebook's kernel (not in a cell); returns what it printed (an error: its name and value)."
+    return page.evaluate("""(code) => new Promise((resolve, reject) => {
+        const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+        const f = k.requestExecute({code, silent: false, store_history: false}); let out = '';
+        f.onIOPub = m => { if (m.header.msg_type === 'stream' && m.content.name === 'stdout') out += m.content.text;
+                           if (m.header.msg_type === 'error') out += 'ERROR ' + m.content.ename + ': ' + m.content.evalue; };
+        f.done.then(() => resolve(out), reject); })""", code)
+
+
+def _kjson(page, expr):
+    out = _kernel(page, f"import json as _json; print(_json.dumps({expr}))")
+    assert not out.startswith("ERROR"), out
+    return json.loads(out)
+
+
+def _watch_kernel_errors(page):
+    "Collect every traceback and stderr text the kernel sends (what the Log Console and pink boxes show) in the page."
+    page.evaluate("""() => { window.__kernelErrors = window.__kernelErrors || [];
+        const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+        k.iopubMessage.connect((_, m) => {
+            if (m.header.msg_type === 'error') window.__kernelErrors.push(m.content.ename + ': ' + m.content.evalue);
+            if (m.header.msg_type === 'stream' && m.content.name === 'stderr') window.__kernelErrors.push(m.content.text.slice(0, 600));
+        }); }""")
+
+
+def _kernel_errors(page): return page.evaluate("() => window.__kernelErrors || []")
+
+
+def _wait_kernel(page):
+    page.wait_for_function(f"({JS_NB})() && ({JS_NB})().sessionContext.session && ({JS_NB})().sessionContext.session.kernel && "
+                           f"({JS_NB})().sessionContext.kernelDisplayStatus === 'idle'", timeout=120_000, polling=250)
+
+
+def _run_all(page):
+    "Run All; wait until every code cell has run and the kernel is idle; no cell may fail."
+    page.evaluate(f"() => ({JS_NB})().content.widgets.forEach(c => c.model.type === 'code' && (c.model.executionCount = null))")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(f"""() => {{ const w = ({JS_NB})(), cells = w.content.widgets.filter(c => c.model.type === 'code');
+        const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
+        return failed || (cells.every(c => c.model.executionCount) && w.sessionContext.kernelDisplayStatus === 'idle'); }}""",
+                           timeout=300_000, polling=500)
+    failed = page.evaluate(f"""() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code')
+        .flatMap(c => c.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue))""")
+    assert not failed, f"cells failed in JupyterLab: {failed}"
+
+
+def _click(page, prefix, text):
+    "Click, with the mouse, the button labelled `text` in the output of the cell containing `prefix`."
+    cell = f"({JS_CELL})({json.dumps(prefix)})"
+    page.evaluate(f"() => [...{cell}.querySelectorAll('button')].find(b => b.textContent.trim() === {json.dumps(text)})"
+                  ".scrollIntoView({block: 'center'})")
+    page.wait_for_timeout(300)
+    xy = page.evaluate(f"() => {{ const r = [...{cell}.querySelectorAll('button')].find(b => b.textContent.trim() === "
+                       f"{json.dumps(text)}).getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }}")
+    page.mouse.click(*xy)
+
+
+ED, FIT, MODEL, PLAYER = "ed = SplineEditor(spline)", "fit_editor = SplineEditor", "model_editor = SplineEditor", "player = CollapsePlayer"
+MONITORS = ("TrainingMonitor(total=600", "TrainingMonitor(total=30")
+# each editor: (its cell, the kernel expression of the editor)
+EDITORS = ((ED, "ed"), (FIT, "fit_editor"), (MODEL, "model_editor"))
+
+
+def _editor_matches_kernel(page, prefix, name):
+    "JS-side check that the editor figure (curve points, knot circles, selected-knot marker, title) and its effect panel"
+    " (data and title) show what the kernel holds; returns a list of disagreements (empty when all agree)."
+    k = _kjson(page, f"""dict(x={name}.ref.knots.tolist(), y={name}.values.tolist(), sel={name}.knot_slider.value, name={name}.name,
+        title={name}.fig.layout.title.text, picker={name}.picker.value,
+        effect=None if {name}.effect_fig is None else dict(title={name}.effect_fig.layout.title.text,
+                       y=[list(t.y) if t.y is not None else None for t in {name}.effect_fig.data]))""")
+    return page.evaluate(f"""(k) => {{ const g = {_plots(page, prefix)}, bad = [];
+        if (!g.length || !g[0]._fullData) return ['no figure drawn'];
+        const d = g[0]._fullData, close = (a, b) => Math.abs(a - b) < 1e-5;
+        const y = Array.from(d[1].y);
+        if (y.length !== k.y.length || y.some((v, i) => !close(v, k.y[i]))) bad.push('curve ' + JSON.stringify(y.slice(0, 40)) + ' != kernel ' + JSON.stringify(k.y.slice(0, 40)));
+        const sh = g[0].layout.shapes.slice(0, k.y.length);
+        if (sh.some((s, i) => !close(s.yanchor, k.y[i]) || !close(s.xanchor, k.x[i]))) bad.push('knot circles off the curve');
+        if (!close(d[2].x[0], k.x[k.sel]) || !close(d[2].y[0], k.y[k.sel])) bad.push('selected-knot marker ' + d[2].x[0] + ',' + d[2].y[0] + ' not on knot ' + k.sel);
+        const title = g[0]._fullLayout.title.text;
+        if (title !== k.title || !title.startsWith(k.name + ':')) bad.push('title ' + title + ' != kernel ' + k.title);
+        const sel = ({JS_CELL})({json.dumps(prefix)}).querySelector('.widget-dropdown select');
+        if (sel && sel.value !== k.picker) bad.push('drop-down ' + sel.value + ' != kernel ' + k.picker);
+        if (k.effect) {{
+            if (g.length < 2 || !g[1]._fullData) return bad.concat(['no effect panel drawn']);
+            if (g[1]._fullLayout.title.text !== k.effect.title) bad.push('effect title ' + g[1]._fullLayout.title.text + ' != kernel ' + k.effect.title);
+            k.effect.y.forEach((ky, t) => {{ if (ky === null) return; const py = Array.from(g[1]._fullData[t].y);
+                if (py.length !== ky.length || py.some((v, i) => !close(v, ky[i]))) bad.push('effect trace ' + t + ' differs from the kernel'); }});
+        }}
+        return bad; }}""", k)
+
+
+def _wait_agree(page, prefix, name, timeout=30):
+    t0, bad = time.time(), None
+    while time.time() - t0 < timeout:
+        bad = _editor_matches_kernel(page, prefix, name)
+        if not bad: return
+        page.wait_for_timeout(500)
+    raise AssertionError(f"{name}: the page disagrees with the kernel: {bad}")
+
+
+def _check_after_run_all(page):
+    "The editors hold exactly what the cells set (no undo step nobody made), the status lines show the instructions, the"
+    " player's animation is drawn once (inside the player), and every figure agrees with the kernel."
+    page.wait_for_timeout(3000)                          # late echoes from the browser have had time to arrive
+    hist = _kjson(page, "[[h[2] for h in e.history] for e in (ed, fit_editor, model_editor)]")
+    assert hist == [[], [], []], f"edits nobody made: {hist}"
+    assert _kjson(page, "[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in (ed, fit_editor, model_editor)]") == [True] * 3
+    for prefix, name in EDITORS:
+        status = page.evaluate(f"() => [...({JS_CELL})({json.dumps(prefix)}).querySelectorAll('.widget-html')].map(e => e.textContent)"
+                               ".find(t => t.includes('undo steps'))")
+        assert status and "drag a knot" in status and "undo steps: 0" in status, f"{name} status: {status}"
+        _wait_agree(page, prefix, name)
+    n_anim = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => "
+                           "c.node.querySelectorAll('.jp-OutputArea .js-plotly-plot').length)")
+    assert page.evaluate(f"() => {_plots(page, PLAYER)}.length") == 1
+    srcs = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => c.model.sharedModel.getSource())")
+    stray = [s.splitlines()[0] for s, n in zip(srcs, n_anim) if n and not any(p in s for p in
+             (ED, FIT, MODEL, PLAYER, "AnimationOutput(anim3)", "monitor.figure()", "tm.figure()") + MONITORS)]
+    assert not stray, f"figures under cells that show none: {stray}"
+
+
+def _plot_heights(page):
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().height))")
+
+
 def test_widgets_chapter_live_in_jupyterlab(browser):
     with jupyterlab(CHAPTER) as url:
         page, outside, errors = _open(browser, url)
-        page.wait_for_function(f"({JS_NB})() && ({JS_NB})().sessionContext.session && "
-                               f"({JS_NB})().sessionContext.session.kernel && "
-                               f"({JS_NB})().sessionContext.kernelDisplayStatus === 'idle'", timeout=90_000, polling=250)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        # every code cell has run (an execution count) and the kernel is idle again, or a cell failed (run-all stops)
-        page.wait_for_function(f"""() => {{ const w = ({JS_NB})(), cells = w.content.widgets.filter(c => c.model.type === 'code');
-            const failed = cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error'));
-            return failed || (cells.every(c => c.model.executionCount) && w.sessionContext.kernelDisplayStatus === 'idle'); }}""",
-                               timeout=180_000, polling=500)
-        failed = page.evaluate(f"""() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code')
-            .flatMap(c => c.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue))""")
-        assert not failed, f"cells failed in JupyterLab: {failed}"
+        console = console_errors(page)
+        _wait_kernel(page)
+        _watch_kernel_errors(page)
+        _run_all(page)
+        _check_after_run_all(page)                                               # issue 18 (4)
+        _shot(page, "after_runall_fit_editor", FIT)
 
-        # the spline editor with the live-effect panel: two plotly figures (spline, effect) drawn by the widget
-        ed = "fit_editor = SplineEditor"
-        page.wait_for_function(f"() => {_plots(page, ed)}.length >= 2 && {_plots(page, ed)}.every(g => g._fullData)", timeout=60_000)
+        # (1) a button, pressed with the mouse: the curve and the effect panel (data and title) follow the model
+        _click(page, FIT, "identity")
+        page.wait_for_function(f"() => {_plots(page, FIT)}[1]._fullLayout.title.text.includes('mse') && "
+                               f"!{_plots(page, FIT)}[1]._fullLayout.title.text.includes('mse 0.000')", timeout=30_000)
+        _wait_agree(page, FIT, "fit_editor")
+        assert f"mse {_kjson(page, 'fit_mse()'):.4f}" in page.evaluate(f"() => {_plots(page, FIT)}[1]._fullLayout.title.text")
+        _shot(page, "item1_effect_title_after_identity", FIT, 1)
+        _click(page, FIT, "undo")
+        _wait_agree(page, FIT, "fit_editor")
+
+        # a knot dragged with the mouse: the curve, the circle (snapped back onto its x), the marker and the panel follow
         k = 16
-        for attempt in range(3):
-            curve0, effect0 = _y(page, ed, 0, 1, k), _y(page, ed, 1, 1)
-            _drag_up(page, f"{_plots(page, ed)}[0]", k)
-            try:
-                page.wait_for_function(f"() => {_plots(page, ed)}[0]._fullData[1].y[{k}] > {curve0} + 0.1", timeout=20_000)
-                page.wait_for_function(f"() => JSON.stringify(Array.from({_plots(page, ed)}[1]._fullData[1].y)) !== "
-                                       f"{json.dumps(json.dumps(effect0))}", timeout=20_000)
-                break
-            except Exception:
-                # anywidget gives a new widget 2 s to start; on a loaded machine a FigureWidget can miss that and stay
-                # deaf to Python (console: "[anywidget] Failed to initialize model."). Run the cell again: new widgets.
-                if attempt == 2: raise
-                _rerun_cell(page, ed)
-        effect1 = _y(page, ed, 1, 1)
-        assert effect1 != effect0
-        # the knot circle was snapped back onto its knot's x
-        page.wait_for_function(f"() => {{ const g = {_plots(page, ed)}[0]; return Math.abs(g.layout.shapes[{k}].xanchor - g._fullData[1].x[{k}]) < 1e-9; }}",
-                               timeout=30_000)
+        curve0 = _y(page, FIT, 0, 1, k)
+        _drag_up(page, f"{_plots(page, FIT)}[0]", k)
+        page.wait_for_function(f"() => {_plots(page, FIT)}[0]._fullData[1].y[{k}] > {curve0} + 0.1", timeout=30_000)
+        _wait_agree(page, FIT, "fit_editor")
+        assert _kjson(page, "fit_editor.knot_slider.value") == k
 
         # the value slider: focus its handle and press ArrowRight; the selected knot (the dragged one) moves up
-        curve1 = _y(page, ed, 0, 1, k)
-        cell = f"({JS_CELL})({json.dumps(ed)})"
+        curve1 = _y(page, FIT, 0, 1, k)
+        cell = f"({JS_CELL})({json.dumps(FIT)})"
         page.evaluate(f"() => {cell}.querySelectorAll('.widget-hslider .noUi-handle')[1].focus()")
         for _ in range(30): page.keyboard.press("ArrowRight"); page.wait_for_timeout(40)
-        page.wait_for_function(f"() => {_plots(page, ed)}[0]._fullData[1].y[{k}] > {curve1} + 0.03", timeout=30_000)
-        page.wait_for_function(f"() => JSON.stringify(Array.from({_plots(page, ed)}[1]._fullData[1].y)) !== {json.dumps(json.dumps(effect1))}",
-                               timeout=30_000)
+        page.wait_for_function(f"() => {_plots(page, FIT)}[0]._fullData[1].y[{k}] > {curve1} + 0.01", timeout=30_000)
+        _wait_agree(page, FIT, "fit_editor")
 
-        # the collapse player: press Play, the layer slider moves to a later frame
-        pl = "player = CollapsePlayer"
-        page.wait_for_function(f"() => {_plots(page, pl)}.length >= 1 && {_plots(page, pl)}[0]._fullLayout.sliders", timeout=60_000)
-        assert page.evaluate(f"() => {_plots(page, pl)}[0]._fullLayout.sliders[0].active") == 0
-        page.evaluate(f"() => {_plots(page, pl)}[0].querySelector('.updatemenu-button').dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
-        page.wait_for_function(f"() => {_plots(page, pl)}[0]._fullLayout.sliders[0].active >= 2", timeout=30_000)
-        title = page.evaluate(f"() => {_plots(page, pl)}[0]._fullLayout.title.text")
-        assert "block" in title, title
+        # the model editor: pick the attention kernel in the drop-down; title, curve and drop-down agree with the kernel
+        sel = page.evaluate_handle(f"() => ({JS_CELL})({json.dumps(MODEL)}).querySelector('.widget-dropdown select')").as_element()
+        sel.scroll_into_view_if_needed(); sel.select_option("attn.0")
+        page.wait_for_function(f"() => {_plots(page, MODEL)}[0]._fullLayout.title.text.startsWith('attn.0')", timeout=30_000)
+        _click(page, MODEL, "relu")
+        _wait_agree(page, MODEL, "model_editor")
+        assert _kjson(page, "model_editor.name") == "attn.0"
 
+        # (2) reload the page with the kernel alive: every figure comes back as the kernel holds it, and still listens
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(2000)
+        page.reload(wait_until="domcontentloaded")
+        _wait_kernel(page)
+        _watch_kernel_errors(page)
+        page.wait_for_function(f"() => {_plots(page, MODEL)}.length >= 2 && {_plots(page, FIT)}.length >= 2", timeout=120_000)
+        for prefix, name in EDITORS: _wait_agree(page, prefix, name)
+        _shot(page, "item2_fit_editor_after_reload", FIT)
+        _shot(page, "item2_model_editor_after_reload", MODEL)
+        for prefix, name in zip(MONITORS, ("monitor", "tm")):
+            n = _kjson(page, f"[len([r for r in {name}.history if m in r]) for m in {name}.metrics()]")
+            drawn = page.evaluate(f"() => {_plots(page, prefix)}.length && {_plots(page, prefix)}[0]._fullData ? "
+                                  f"{_plots(page, prefix)}[0]._fullData.map(t => t.x.length) : null")
+            assert drawn == n, f"{name} after a reload draws {drawn} points per curve, the kernel has {n}"
+        _shot(page, "item2_monitor_after_reload", MONITORS[0])
+        _click(page, FIT, "undo")                        # after the reload the figures still hear the kernel
+        _wait_agree(page, FIT, "fit_editor")
+        _click(page, MODEL, "undo")
+        _wait_agree(page, MODEL, "model_editor")
+
+        # (5) resize the notebook area (sidebar and log console): no figure changes height
+        heights = _plot_heights(page)
+        assert min(heights) >= 250, heights
+        for cmd in ("application:toggle-left-area", "logconsole:open", "application:toggle-left-area", "application:toggle-bottom-area"):
+            page.evaluate(f"() => window.jupyterapp.commands.execute({json.dumps(cmd)})")
+            page.wait_for_timeout(1500)
+        page.evaluate("() => window.jupyterapp.commands.execute('logconsole:open')")
+        page.wait_for_timeout(1500)
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-bottom-area')")
+        page.wait_for_timeout(1500)
+        assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
+        _shot(page, "item5_animation_after_resize", "AnimationOutput(anim3)")
+
+        # the collapse player: Play moves the layer slider on, Pause stops it (no uncaught error)
+        pl = f"{_plots(page, PLAYER)}[0]"
+        page.evaluate(f"() => {pl}.scrollIntoView({{block: 'center'}})")
+        assert page.evaluate(f"() => {pl}._fullLayout.sliders[0].active") == 0
+        page.evaluate(f"() => {pl}.querySelectorAll('.updatemenu-button')[0].dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+        page.wait_for_function(f"() => {pl}._fullLayout.sliders[0].active >= 2", timeout=30_000)
+        page.evaluate(f"() => {pl}.querySelectorAll('.updatemenu-button')[1].dispatchEvent(new MouseEvent('click', {{bubbles: true}}))")
+        page.wait_for_timeout(2000)
+        title = page.evaluate(f"() => {pl}._fullLayout.title.text")
+        assert "seed 0" in title and "block" in title, title
+
+        # (4) Run All twice more: no edit appears that the cells did not make
+        for _ in range(2):
+            _run_all(page)
+            _check_after_run_all(page)
+        _shot(page, "item4_status_after_second_runall", ED)
+
+        # (3) no kernel traceback or warning anywhere (Log Console, pink boxes), no console error, nothing left the machine
+        assert not _kernel_errors(page), f"the kernel reported: {_kernel_errors(page)}"
+        assert not errors, f"page errors: {errors}"
+        assert not console, f"console errors: {console}"
         assert not outside, f"requests that would have left the machine: {outside}"
         page.context.close()
 
