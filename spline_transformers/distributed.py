@@ -9,11 +9,10 @@ __all__ = ['TIMEOUT_ENV', 'FAULT_ENV', 'DEFAULT_TIMEOUT_S', 'BACKENDS', 'sync_fi
            'is_distributed', 'default_backend', 'collective_timeout', 'dist_info', 'init_distributed', 'shutdown',
            'shard_sizes', 'shard', 'RankFailure', 'all_gather_objects', 'broadcast_object', 'GradAllReduce',
            'rank_checkpoint_dir', 'agreed_resume', 'check_identical_splines', 'SplineHistory', 'distributed_phase1',
-           'merge_phase1', 'cell_file', 'distributed_transfer', 'write_transfer', 'worker_parser', 'configs_from_args',
-           'run_worker', 'main']
+           'merge_phase1', 'cell_file', 'distributed_transfer']
 
-# %% ../nbs/10_distributed.ipynb #7ced5902
-import argparse, copy, datetime, json, math, os, signal, subprocess, sys, time
+# %% ../nbs/10_distributed.ipynb #cbaa6fde
+import copy, datetime, math, os, signal, subprocess, sys, time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NoReturn, Optional, Sequence, Union
@@ -26,10 +25,9 @@ import torch.nn as nn
 import plotly.graph_objects as go
 import plotly.io as pio
 
-# %% ../nbs/10_distributed.ipynb #547abacf
+# %% ../nbs/10_distributed.ipynb #83220c98
 from .model import TransformerConfig
 from .ensemble import Ensemble
-from .tasks import get_task
 from .model import Nonlinearities
 from .core import atomic_write, remove_stale_temps
 from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state
@@ -74,7 +72,7 @@ def sync_figure(
                       xaxis=dict(visible=False, range=[0, 1]), yaxis=dict(visible=False, range=[-0.05, 1.0]))
     return fig
 
-# %% ../nbs/10_distributed.ipynb #dcd1d416
+# %% ../nbs/10_distributed.ipynb #f4a4d154
 def torchrun_command(
     args:Sequence[str], # the sub-command and its options, e.g. ["phase1", "--task", "add"]
     nproc_per_node:int=2, # processes per machine (one per GPU)
@@ -114,7 +112,7 @@ def launch(
     args:Sequence[str], # the sub-command and its options
     nproc_per_node:int=2, # processes (one machine, --standalone)
     timeout:float=120, # seconds before the whole job is killed
-    module:str="spline_transformers.distributed", # the module every process runs
+    module:str="spline_transformers.cli", # the module every process runs (the command line, chapter *cli*)
     env:Optional[dict]=None, # extra environment variables for the job
 )->subprocess.CompletedProcess:
     "Run a torchrun job on this machine and wait for it (killing its whole process group after `timeout` s)."
@@ -501,7 +499,7 @@ def merge_phase1(
     config = {**local.config, "phase1": p1.to_dict()}
     return Phase1Result(local.nonlinearities, best.freeze(), int(best_step), metrics, cost, config, ens)
 
-# %% ../nbs/10_distributed.ipynb #9d402ee3
+# %% ../nbs/10_distributed.ipynb #cc09bb13
 def cell_file(
     folder:Union[str,Path], # where finished cells are kept
     cell:TransferCell, # the cell
@@ -542,99 +540,5 @@ def distributed_transfer(
     if not info.is_main: return None
     results = [pd.DataFrame(rows) for _, rows in sorted((p for part in parts for p in part), key=lambda p: p[0])]
     tm = assemble_transfer(results, threshold)
-    if out_dir is not None: write_transfer(tm, out_dir)
+    if out_dir is not None: tm.save(out_dir)
     return tm
-
-def write_transfer(
-    tm:TransferMatrix, # the matrices
-    out_dir:Union[str,Path], # folder
-)->Path:
-    "Write each matrix and the cells' metrics as CSV files into `out_dir`."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    for k in ("speedup", "median_steps", "final_id", "final_ood"): atomic_write(out / f"{k}.csv", getattr(tm, k).to_csv())
-    atomic_write(out / "metrics.csv", tm.metrics.to_csv(index=False))
-    return out
-
-# %% ../nbs/10_distributed.ipynb #a42048d8
-def _kv(items)->dict:
-    "['n_digits=3', 'ood_digits=[4,5]'] -> {'n_digits': 3, 'ood_digits': [4, 5]} (values parsed as JSON when they can be)."
-    out = {}
-    for it in items or []:
-        if "=" not in it: raise ValueError(f"{it!r}: write parameters as name=value")
-        k, v = it.split("=", 1)
-        try: out[k] = json.loads(v)
-        except json.JSONDecodeError: out[k] = v
-    return out
-
-def _ints(s:str)->list: return [int(x) for x in s.split(",") if x]
-
-def worker_parser()->argparse.ArgumentParser:
-    "Arguments of `python -m spline_transformers.distributed phase1|transfer ...` (a small worker entry point; the CLI is the full one)."
-    p = argparse.ArgumentParser(prog="python -m spline_transformers.distributed",
-                                description="Phase I or the transfer matrix on every torchrun rank (launch with torchrun)")
-    p.add_argument("command", choices=["phase1", "transfer"])
-    p.add_argument("--task", default="add", help="phase1: the source task; transfer: comma-separated target tasks")
-    p.add_argument("--task-seed", type=int, default=0)
-    p.add_argument("--task-param", action="append", default=[], help="name=value for the task(s), e.g. n_digits=3")
-    p.add_argument("--source", action="append", default=[], help="transfer: name=path of learned nonlinearities")
-    p.add_argument("--seeds", type=_ints, default=None, help="comma-separated model seeds")
-    p.add_argument("--n-models", type=int, default=None)
-    for name, typ, dflt in (("d-model", int, 32), ("n-layers", int, 1), ("n-heads", int, 2), ("n-knots", int, 16)):
-        p.add_argument(f"--{name}", type=typ, default=dflt)
-    p.add_argument("--mlp-act", default="spline"); p.add_argument("--attn-fn", default="spline"); p.add_argument("--pos", default="alibi")
-    for name, typ, dflt in (("steps", int, 20), ("batch-size", int, 16), ("lr", float, 3e-3), ("spline-lr", float, 1e-2),
-                            ("warmup", int, 0), ("eval-every", int, 10), ("eval-examples", int, 64), ("seed", int, 0),
-                            ("checkpoint-every", int, None), ("threshold", float, 0.95)):
-        p.add_argument(f"--{name}", type=typ, default=dflt)
-    p.add_argument("--checkpoint-dir", default=None); p.add_argument("--resume", action="store_true")
-    p.add_argument("--out", default=None); p.add_argument("--backend", default=None, choices=list(BACKENDS))
-    p.add_argument("--device", default="auto")
-    p.add_argument("--timeout", type=float, default=None, help="seconds a collective may wait for the other ranks")
-    return p
-
-def configs_from_args(a)->tuple:
-    "(model config, train config) described by parsed worker arguments (vocab_size and max_len are filled in from the data later)."
-    arch = TransformerConfig(vocab_size=1, n_layers=a.n_layers, d_model=a.d_model, n_heads=a.n_heads, max_len=1,
-                             mlp_act=a.mlp_act, attn_fn=a.attn_fn, pos=a.pos, n_knots=a.n_knots)
-    cfg = TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, eval_every=a.eval_every,
-                      eval_examples=a.eval_examples, seed=a.seed, checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every,
-                      progress=False, device=a.device)
-    return arch, cfg
-
-def run_worker(a)->Optional[str]:
-    "Run the command of parsed worker arguments on this rank; rank 0 returns a one-line summary."
-    arch, cfg = configs_from_args(a)
-    params = _kv(a.task_param)
-    if a.command == "phase1":
-        n = a.n_models or (len(a.seeds) if a.seeds else 8)
-        p1 = Phase1Config(n_models=n, seeds=tuple(a.seeds) if a.seeds else None, spline_lr=a.spline_lr)
-        res = distributed_phase1(get_task(a.task, seed=a.task_seed, **params), arch, cfg, p1, resume=True if a.resume else None,
-                                 out_dir=a.out, backend=a.backend, timeout=a.timeout)
-        if res is None: return None
-        c = res.cost
-        return (f"phase1: {c['n_models']} models on {c['world_size']} ranks ({c['backend']}), {c['wall_time_s']:.1f} s, "
-                f"spline drift {c['spline_drift']:.1g}" + (f", resumed from {c['resumed_from']}" if c["resumed_from"] else "")
-                + (f", results in {a.out}" if a.out else ""))
-    sources = _kv(a.source)
-    if not sources: raise ValueError("transfer needs at least one --source name=path (a folder written by phase1, or a .safetensors)")
-    targets = {t: get_task(t, seed=a.task_seed, **params) for t in a.task.split(",")}
-    tm = distributed_transfer(sources, targets, arch, cfg, seeds=a.seeds or TRANSFER_SEEDS, threshold=a.threshold,
-                              resume=a.resume, out_dir=a.out, backend=a.backend, timeout=a.timeout)
-    return None if tm is None else f"transfer: {len(tm.metrics.groupby(['model', 'target', 'seed']))} cells" + (f", results in {a.out}" if a.out else "")
-
-def main(argv:Optional[Sequence[str]]=None)->NoReturn:
-    "Entry point of a torchrun worker: run the command, report failures clearly, and exit through `shutdown`."
-    a = worker_parser().parse_args(argv)
-    code = 0
-    try:
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        msg = run_worker(a)
-        if msg: print(msg, flush=True)
-    except RankFailure as e: print(f"ERROR: {e}", file=sys.stderr); code = 2
-    except Exception as e:
-        msg = " ".join(str(e).split()) or "(no message)"
-        print(f"ERROR on rank {dist_info().rank}: {type(e).__name__}: {msg}", file=sys.stderr); code = 1
-    shutdown(code)
-
-# %% ../nbs/10_distributed.ipynb #1817c78c
-if __name__ == "__main__" and "__file__" in globals(): main()

@@ -308,7 +308,22 @@ def _ends_map(n_new:int, n_old:int)->list:
     if n_new == 2: return [0, last]
     return [0, 1 if n_old == 3 else 0, last]
 
-# %% ../nbs/03_model.ipynb #cee90324
+# %% ../nbs/03_model.ipynb #af491378
+@patch
+def config_for(self:Nonlinearities,
+               base:TransformerConfig, # the model's other settings (sizes, positions, ...)
+              )->TransformerConfig:
+    "`base` with the spline layout of these nonlinearities: which functions are splines, knots, range, sharing."
+    gated = base.mlp_act in ("glu_spline", "swiglu")
+    ch = {"sharing": self.sharing, "mlp_act": ("glu_spline" if gated else "spline") if len(self.mlp) else ("swiglu" if gated else "gelu"),
+          "attn_fn": "spline" if len(self.attn) else "softmax"}
+    m, at = self.settings.get("mlp"), self.settings.get("attn")
+    if m: ch.update(n_knots=int(m["n_knots"]), spline_range=float(m["x_max"]), extrapolate=m.get("extrapolate", base.extrapolate))
+    if at: ch.update(attn_n_knots=int(at["n_knots"]), attn_spline_range=float(at["x_max"]))
+    if at and not m: ch.update(n_knots=int(at["n_knots"]), spline_range=float(at["x_max"]), extrapolate=at.get("extrapolate", base.extrapolate))
+    return replace(base, **ch)
+
+# %% ../nbs/03_model.ipynb #41fd7cfc
 GATED = ("glu_spline", "swiglu")
 
 def mlp_activation(
@@ -323,7 +338,7 @@ def mlp_activation(
     gate, up = h.chunk(2, dim=-1)
     return (phi(gate) if mlp_act == "glu_spline" else F.silu(gate)) * up
 
-# %% ../nbs/03_model.ipynb #5709a66d
+# %% ../nbs/03_model.ipynb #0a8008f2
 class MLP(nn.Module):
     "The position-wise MLP of a block, with a pluggable activation."
     def __init__(self, cfg:TransformerConfig):
@@ -335,7 +350,7 @@ class MLP(nn.Module):
     def forward(self, x, phi=None):
         return F.dropout(self.proj(mlp_activation(self.fc(x), self.mlp_act, phi)), self.dropout, self.training)
 
-# %% ../nbs/03_model.ipynb #a94df479
+# %% ../nbs/03_model.ipynb #56d03002
 def make_norm(cfg:TransformerConfig)->nn.Module:
     "The normalisation layer named by `cfg.norm`."
     return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -355,7 +370,7 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x), a_phi, padding_mask)
         return x + self.mlp(self.norm2(x), m_phi)
 
-# %% ../nbs/03_model.ipynb #ee0b14f6
+# %% ../nbs/03_model.ipynb #38a08cf4
 DETACH = (None, "nonlinearities", "weights")  # what `forward(..., detach=)` can hold fixed
 
 def check_detach(detach:Optional[str])->Optional[str]:
@@ -439,7 +454,7 @@ class Transformer(nn.Module):
         for block in self.blocks: x = block(x, self.nonlinearities, padding_mask, detach == "nonlinearities")
         return self.lm_head(self.norm_f(x))
 
-# %% ../nbs/03_model.ipynb #d925206c
+# %% ../nbs/03_model.ipynb #5703eb95
 def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlinearities:
     "Return `nl` if a model built from `cfg` can use it, else raise an error that says what does not match."
     if not isinstance(nl, Nonlinearities): raise TypeError(f"expected Nonlinearities, got {type(nl).__name__}")
@@ -456,7 +471,7 @@ def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlineariti
                 raise ValueError(f"{what} spline mismatch: the nonlinearities have {key}={have[key]!r}, the config says {want[key]!r}")
     return nl
 
-# %% ../nbs/03_model.ipynb #9447b3fd
+# %% ../nbs/03_model.ipynb #01929244
 @patch
 def weight_named_parameters(self:Transformer):
     "(name, parameter) for every weight, splines excluded (a tied embedding appears once)."
@@ -506,7 +521,7 @@ def summary(self:Transformer)->str:
 @patch
 def __repr__(self:Transformer)->str: return self.summary()
 
-# %% ../nbs/03_model.ipynb #aa5b4e5f
+# %% ../nbs/03_model.ipynb #806ab173
 @patch
 def record_attention_stats(self:Transformer, on:bool=True)->Transformer:
     "Make every spline-attention layer keep its diagnostics after each forward (costs a little); returns self."
@@ -518,7 +533,7 @@ def attention_stats(self:Transformer)->list:
     "Per layer, the last diagnostics dict of its spline attention (None where nothing was recorded)."
     return [b.attn.last_stats for b in self.blocks]
 
-# %% ../nbs/03_model.ipynb #1c8f4035
+# %% ../nbs/03_model.ipynb #7a933bbe
 @patch
 def load_nonlinearities(self:Transformer,
                         source, # a Nonlinearities module or a path written by `Nonlinearities.save`
@@ -532,7 +547,7 @@ def load_nonlinearities(self:Transformer,
     if freeze: self.nonlinearities.freeze()
     return self
 
-# %% ../nbs/03_model.ipynb #1d30fcfc
+# %% ../nbs/03_model.ipynb #b43958f6
 @patch
 @torch.no_grad()
 def generate(self:Transformer,
@@ -564,7 +579,7 @@ def generate(self:Transformer,
     self.train(was_training)
     return idx[0] if squeeze else idx
 
-# %% ../nbs/03_model.ipynb #c7c687a8
+# %% ../nbs/03_model.ipynb #13083abd
 def future_leak(model:Transformer, T:int=8, pos:int=5, seed:int=0)->float:
     "Largest change of the logits before position `pos` when the tokens from `pos` on are replaced (0 if causal)."
     g = torch.Generator().manual_seed(seed)

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['PAGE_STYLE', 'Report', 'splines_figure', 'verdict', 'seed_table', 'demo_report', 'phase1_report', 'comparison_report',
-           'transfer_report']
+__all__ = ['PAGE_STYLE', 'Report', 'verdict', 'seed_table', 'learned_parts', 'cost_lines', 'arch_line', 'train_line',
+           'demo_report', 'phase1_report', 'comparison_report', 'transfer_report']
 
 # %% ../nbs/09a_report.ipynb #8a6a6cc1
 import numpy as np
@@ -21,12 +21,12 @@ import torch
 import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 
-# %% ../nbs/09a_report.ipynb #426f5fcd
+# %% ../nbs/09a_report.ipynb #01011f8b
 from .core import atomic_write
 from .model import Nonlinearities
 from .viz import seed_band_figure
+from .two_phase import nonlinearities_figure
 
 # %% ../nbs/09a_report.ipynb #cd925e3b
 PAGE_STYLE = """
@@ -91,38 +91,7 @@ class Report:
         "Write the page to `path` atomically (`core.atomic_write`: a unique temporary file, then a rename; folders created)."
         return atomic_write(path, self.to_html())
 
-# %% ../nbs/09a_report.ipynb #e19cf78f
-def splines_figure(
-    nl:Nonlinearities, # the learned splines
-    title:str="Learned nonlinearities beside GeLU and exp", # figure title
-)->go.Figure:
-    "One panel per spline: MLP activations with GeLU, attention kernels with exp (scaled to agree at 0); knots marked."
-    panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
-    if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
-    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
-    shown = set()
-    for c, (kind, i, s) in enumerate(panels, start=1):
-        with torch.no_grad():
-            x = torch.linspace(float(s.x_min), float(s.x_max), 801)
-            y = s(x).float().numpy(); xs = x.numpy()
-            if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
-            else:
-                at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
-                ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
-        lo, hi = float(min(y.min(), 0)), float(max(y.max(), 0))
-        pad = 0.15 * (hi - lo or 1.0)
-        fig.add_scatter(x=xs, y=ref, name=label, line=dict(dash="dot", color="gray"), showlegend=label not in shown, legendgroup=label, row=1, col=c)
-        fig.add_scatter(x=xs, y=y, name="learned", line=dict(color="#636efa"), showlegend="learned" not in shown, legendgroup="learned", row=1, col=c)
-        fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().float().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
-                        name="knots", showlegend=False, hoverinfo="skip", row=1, col=c)
-        shown |= {label, "learned"}
-        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=c)
-        fig.update_xaxes(title_text="pre-activation" if kind == "mlp" else "attention score s", row=1, col=c)
-    fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
-    return fig
-
-# %% ../nbs/09a_report.ipynb #400334ca
+# %% ../nbs/09a_report.ipynb #90e2272a
 def _steps(v:float)->str:
     return "not reached" if not math.isfinite(v) else f"{v:.0f}"
 
@@ -159,7 +128,7 @@ def verdict(
            f"the two medians are within {margin:.1f}× of each other (speed-up {sp:.2f}×), inside the seed spread")
     return {"helped": False, "speedup": sp, "text": f"The learned nonlinearities did not help at this size: {why}. The learned arm {reach}.{facc}"}
 
-# %% ../nbs/09a_report.ipynb #927064db
+# %% ../nbs/09a_report.ipynb #a2e3f402
 def seed_table(
     table:pd.DataFrame, # steps to threshold per (model, seed): columns model, seed, steps, reached
     arms:Optional[Sequence[str]]=None, # column order (default: as they appear)
@@ -174,8 +143,10 @@ def seed_table(
     rows.append(["seeds reaching"] + [f"{int(np.isfinite(wide[a].to_numpy(dtype=float)).sum())}/{int(wide[a].notna().sum())}" for a in arms])
     return pd.DataFrame(rows, columns=["steps to threshold"] + arms)
 
-# %% ../nbs/09a_report.ipynb #732eedc6
-def _learned_parts(arch)->str:
+# %% ../nbs/09a_report.ipynb #ab770f44
+def learned_parts(
+    arch, # a `TransformerConfig`
+)->str:
     "Which nonlinearities the learned arm learned, in words (e.g. 'spline MLP activation (softmax attention kept)')."
     mlp = arch.mlp_act in ("spline", "glu_spline")
     attn = arch.attn_fn == "spline"
@@ -184,18 +155,28 @@ def _learned_parts(arch)->str:
     if attn: return "spline attention kernel (GeLU MLP kept)"
     return "no splines"
 
-# %% ../nbs/09a_report.ipynb #4a89b944
-def _cost_lines(cost:dict, what:str="Phase I")->list:
+# %% ../nbs/09a_report.ipynb #1fa91a5a
+def cost_lines(
+    cost:dict, # a result's `cost` (steps, wall_time_s, step_time_s, device, n_models, world_size)
+    what:str="Phase I", # what ran, as the line names it
+)->list:
+    "The line that says what a run cost: models, steps, wall time, time per step, processes."
     return [f"{what}: {cost.get('n_models', '?')} models sharing the splines, {cost.get('steps', '?')} steps, "
             f"{cost.get('wall_time_s', math.nan):.1f} s wall time on {cost.get('device', '?')} "
             f"({cost.get('step_time_s', math.nan) * 1000:.0f} ms per step, evaluation included)"
             + (f", {cost['world_size']} processes" if cost.get("world_size", 1) > 1 else "")]
 
-def _arch_line(arch:dict)->str:
+def arch_line(
+    arch:dict, # `TransformerConfig.to_dict()`
+)->str:
+    "The model's sizes in one line, for a report's 'What was measured'."
     keys = ("n_layers", "d_model", "n_heads", "pos", "n_knots", "spline_range", "sharing")
     return "Model: " + ", ".join(f"{k}={arch[k]}" for k in keys if k in arch)
 
-def _train_line(train:dict)->str:
+def train_line(
+    train:dict, # `TrainConfig.to_dict()`
+)->str:
+    "The training settings in one line, for a report's 'What was measured'."
     keys = ("steps", "batch_size", "lr", "warmup", "schedule", "weight_decay", "eval_every", "eval_examples")
     return "Training (both arms): " + ", ".join(f"{k}={train[k]}" for k in keys if k in train)
 
@@ -222,9 +203,9 @@ def demo_report(
     rep.heading("What was measured")
     lines = [f"Task: {c.task} {c.task_params}; threshold: {c.threshold:.0%} test sequence accuracy (all answer tokens right); "
              f"metric evaluated every {c.train.eval_every} steps on {c.train.eval_examples} test problems, so steps are multiples of {c.train.eval_every}.",
-             _arch_line(c.arch.to_dict()) + f". Learned arm: {_learned_parts(c.arch)}, frozen from Phase I; standard arm: GeLU and softmax.",
-             _train_line(c.train.to_dict()) + f"; seeds {list(c.seeds)}.",
-             *_cost_lines(p1.cost),
+             arch_line(c.arch.to_dict()) + f". Learned arm: {learned_parts(c.arch)}, frozen from Phase I; standard arm: GeLU and softmax.",
+             train_line(c.train.to_dict()) + f"; seeds {list(c.seeds)}.",
+             *cost_lines(p1.cost),
              f"Phase II: learned arm {result.timings['learned_wall_s']:.1f} s, standard arm {result.timings['standard_wall_s']:.1f} s "
              f"({len(c.seeds)} models trained at once per arm) on {result.timings['device']}."]
     if wall_time is not None: lines.append(f"Whole run: {wall_time:.1f} s wall time.")
@@ -238,12 +219,12 @@ def demo_report(
     rep.heading("Accuracy curves")
     _add_curves(rep, result.metrics, c.threshold)
     rep.heading("The learned nonlinearities")
-    rep.figure(splines_figure(p1.nonlinearities, f"Learned on {c.task} in Phase I (final values), beside GeLU and exp"))
+    rep.figure(nonlinearities_figure(p1.nonlinearities, f"Learned on {c.task} in Phase I (final values), beside GeLU and exp"))
     rep.text(f"Files: nonlinearities.safetensors (+ .json) hold these splines; metrics.csv the curves; "
              f"phase1/ the Phase I result (final and best splines, best at step {p1.best_step}).", cls="muted")
     return rep.save(path)
 
-# %% ../nbs/09a_report.ipynb #71fd3350
+# %% ../nbs/09a_report.ipynb #5c8ef293
 def phase1_report(
     result, # a `two_phase.Phase1Result`
     path:Union[str,Path], # where to write report.html
@@ -252,10 +233,10 @@ def phase1_report(
     "Report of a Phase I run: the learned splines, the M models' curves, the cost."
     cfg = result.config or {}
     rep = Report(f"Phase I on {cfg.get('data') or 'the source data'}", "splines learned by M models sharing them")
-    rep.heading("What was measured").bullets(_cost_lines(result.cost) + [_arch_line(cfg.get("arch") or {}),
+    rep.heading("What was measured").bullets(cost_lines(result.cost) + [arch_line(cfg.get("arch") or {}),
                                              f"Best splines by mean held-out (arch) loss at step {result.best_step}"]
                                              + ([f"Command: {command}"] if command else []))
-    rep.heading("The learned nonlinearities").figure(splines_figure(result.nonlinearities))
+    rep.heading("The learned nonlinearities").figure(nonlinearities_figure(result.nonlinearities))
     m = result.metrics
     if len(m):
         rep.heading("Curves of the M models")
@@ -287,7 +268,7 @@ def comparison_report(
     splits = [s for s in ("test", "ood", "val") if s in set(metrics.split)]
     for metric in [m for m in ("seq_acc", "token_acc", "loss") if m in set(metrics.metric)][:2]:
         _add_curves(rep, metrics, threshold if metric == "seq_acc" else None, splits, metric)
-    if nonlinearities is not None: rep.heading("The nonlinearities used").figure(splines_figure(nonlinearities))
+    if nonlinearities is not None: rep.heading("The nonlinearities used").figure(nonlinearities_figure(nonlinearities))
     return rep.save(path)
 
 def transfer_report(

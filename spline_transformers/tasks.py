@@ -7,9 +7,10 @@ Docs: https://spline-transformers.github.io/spline_transformers/tasks.html.md"""
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'SPECIALS', 'REGIONS', 'MIN_REGION_PROBLEMS', 'TASKS', 'Problems', 'concat_ragged',
            'problem_hash', 'region_of', 'Task', 'AddTask', 'ManoTask', 'CopyTask', 'bracket_pairs', 'dyck_balanced',
-           'ParenthesesTask', 'NeedleTask', 'ModAddTask', 'get_task', 'Oracle']
+           'ParenthesesTask', 'NeedleTask', 'ModAddTask', 'get_task', 'task_class', 'task_params', 'Oracle']
 
-# %% ../nbs/05_tasks.ipynb #a39b3126
+# %% ../nbs/05_tasks.ipynb #cb1a4c20
+import inspect
 import itertools
 import math
 import re
@@ -816,7 +817,7 @@ class ModAddTask(Task):
 
     def solve(self, prompt): return [str((int(prompt[1]) + int(prompt[3])) % self.p), EOS]
 
-# %% ../nbs/05_tasks.ipynb #16655472
+# %% ../nbs/05_tasks.ipynb #ae51fa81
 _TASK_CLASSES = {c.name: c for c in (AddTask, ManoTask, CopyTask, ParenthesesTask, NeedleTask, ModAddTask)}
 TASKS = tuple(_TASK_CLASSES)
 
@@ -826,13 +827,32 @@ def get_task(
     **params, # task-specific sizes (see each task class), e.g. n_digits=5 for "add"
 )->Task:
     "The algorithmic task `name`, generated with `seed`."
-    if name not in _TASK_CLASSES: raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
-    cls = _TASK_CLASSES[name]
-    import inspect
-    valid = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "seed")]
+    cls, valid = task_class(name), list(task_params(name))
     bad = sorted(set(params) - set(valid))
     if bad: raise TypeError(f"task {name!r} has no parameter(s) {bad}; valid parameters: {', '.join(valid)}")
     return cls(seed=seed, **params)
+
+def task_class(
+    name:str, # one of `TASKS`
+)->type:
+    "The `Task` subclass registered as `name`; a ValueError listing the valid names otherwise."
+    if name not in _TASK_CLASSES: raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+    return _TASK_CLASSES[name]
+
+_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "tuple": tuple, "list": tuple}
+
+def task_params(
+    name:str, # one of `TASKS`
+)->dict:
+    "The parameters of task `name` (all but `seed`) with their types and defaults: {parameter: (type, default)}."
+    out = {}
+    for n, p in inspect.signature(task_class(name).__init__).parameters.items():
+        if n in ("self", "seed") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD): continue
+        d = None if p.default is p.empty else p.default
+        ann = p.annotation if isinstance(p.annotation, type) else _TYPE_NAMES.get(str(p.annotation).replace("Optional[", "").split("[")[0].strip(), str)
+        t = type(d) if d is not None else ann
+        out[n] = (tuple if t is list else t, d)
+    return out
 
 # %% ../nbs/05_tasks.ipynb #125d04a5
 class Oracle(torch.nn.Module):

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'TrainConfig',
-           'lr_multiplier', 'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models', 'masked_cross_entropy',
-           'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches', 'metrics_frame',
-           'steps_to_threshold', 'CheckpointError', 'save_state', 'load_state', 'TrainingDiverged', 'nonfinite_state',
-           'TrainState', 'checkpoint_path', 'list_checkpoints', 'check_resume', 'find_resume', 'run_loop',
-           'default_eval_splits', 'evaluate_rows', 'TrainResult', 'data_info', 'frozen_digest', 'default_name',
-           'resume_and_run', 'train']
+__all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'POSTFIX_FIRST',
+           'TrainConfig', 'lr_multiplier', 'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models',
+           'masked_cross_entropy', 'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches',
+           'metrics_frame', 'steps_to_threshold', 'CheckpointError', 'save_state', 'load_state', 'TrainingDiverged',
+           'nonfinite_state', 'TrainState', 'checkpoint_path', 'list_checkpoints', 'check_resume', 'find_resume',
+           'autocast', 'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult', 'data_info', 'frozen_digest',
+           'default_name', 'resume_and_run', 'train']
 
 # %% ../nbs/07_train.ipynb #dd3a9892
 import numpy as np
@@ -395,8 +395,11 @@ def find_resume(resume, folder)->Optional[Path]:
     if not p.is_file(): raise CheckpointError(f"resume={str(resume)!r}: no such checkpoint file; found {[c.name for c in list_checkpoints(folder)]} in {folder}")
     return p
 
-# %% ../nbs/07_train.ipynb #8a39d118
-def _autocast(device:torch.device, amp:Optional[bool]):
+# %% ../nbs/07_train.ipynb #dd87830d
+def autocast(
+    device:torch.device, # where the forward pass runs
+    amp:Optional[bool], # `TrainConfig.amp`: True, False or None (on for CUDA only)
+):
     "bf16 autocast on CUDA (or wherever `amp` asks for it), a no-op context otherwise."
     use = (device.type == "cuda") if amp is None else amp
     return torch.autocast(device.type, dtype=torch.bfloat16) if use else nullcontext()
@@ -483,13 +486,16 @@ def _live_state(state:TrainState)->dict:
     "The weights and optimiser state of a run, as `nonfinite_state` reads them (no copies)."
     return {"module": state.module.state_dict(), "optimizers": {k: o.state_dict() for k, o in state.optimizers.items()}}
 
+POSTFIX_FIRST = ("seq_acc", "token_acc", "loss")  # the progress bar shows accuracies first, so a narrow terminal cuts the loss, not them
+
 def _postfix(rows)->str:
-    "Short progress-bar text: mean of each (split, metric) over models."
+    "Short progress-bar text: mean of each (split, metric) over models, accuracies first (`POSTFIX_FIRST`)."
     agg = {}
-    for r in rows: agg.setdefault(f"{r['split']}/{r['metric']}", []).append(r["value"])
+    for r in sorted(rows, key=lambda r: POSTFIX_FIRST.index(r["metric"]) if r["metric"] in POSTFIX_FIRST else len(POSTFIX_FIRST)):
+        agg.setdefault(f"{r['split']}/{r['metric']}", []).append(r["value"])
     return " ".join(f"{k}={np.mean(v):.3g}" for k, v in list(agg.items())[:4])
 
-# %% ../nbs/07_train.ipynb #da77b54e
+# %% ../nbs/07_train.ipynb #5662ef39
 def default_eval_splits(data)->tuple:
     "Splits to evaluate when the config does not say: a task's 'test' and 'ood', a corpus's 'val'."
     splits = tuple(getattr(data, "splits", ()))
@@ -516,7 +522,7 @@ def evaluate_rows(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), _autocast(device, amp):
+        with torch.no_grad(), autocast(device, amp):
             for split in splits:
                 res = data.evaluate(model, split, n=n, batch_size=batch_size, **({"n_models": M} if is_ensemble(model) else {}))
                 per_model = res if isinstance(res, (list, tuple)) else [res]
@@ -616,7 +622,7 @@ def resume_and_run(
         run_loop(state, cfg, step_fn, eval_fn, meta, callbacks, seeds, name, desc=desc)
     return start
 
-# %% ../nbs/07_train.ipynb #00b653e6
+# %% ../nbs/07_train.ipynb #2d167f4a
 def train(
     model:nn.Module, # a Transformer, or an Ensemble of M models
     data, # a task (`get_task`) or corpus (`load_corpus`): `.batch`, `.evaluate`, `.splits`
@@ -650,7 +656,7 @@ def train(
 
     def step_fn(step):
         x, y, mask = (t.to(device, non_blocking=True) for t in stack_batches(data, split, cfg.batch_size, list(gens.values())))
-        with _autocast(device, cfg.amp):
+        with autocast(device, cfg.amp):
             logits = forward_models(fwd, x)
         losses = masked_cross_entropy(logits, y, mask)
         opt.zero_grad(set_to_none=True)

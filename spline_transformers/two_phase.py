@@ -7,16 +7,16 @@ Docs: https://spline-transformers.github.io/spline_transformers/two_phase.html.m
 # %% ../nbs/08_two_phase.ipynb #63771f21
 from __future__ import annotations
 import json, math, time
-from dataclasses import dataclass, asdict, field, replace
+from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['STANDARD', 'ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'arch_for',
-           'standard_arch', 'spline_arch', 'Phase1Config', 'Phase1Result', 'load_phase1', 'phase1', 'as_nonlinearities',
-           'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2', 'baseline', 'compare', 'TransferCell',
-           'transfer_cells', 'cell_name', 'run_cell', 'TransferMatrix', 'assemble_transfer', 'transfer',
-           'nonlinearities_figure', 'curves_figure', 'DemoConfig', 'demo_config', 'DemoResult', 'run_demo']
+__all__ = ['STANDARD', 'ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'PHASE1_KEYS',
+           'MATRICES', 'arch_for', 'standard_arch', 'spline_arch', 'Phase1Config', 'Phase1Result', 'load_phase1',
+           'phase1', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2', 'baseline',
+           'compare', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell', 'TransferMatrix', 'assemble_transfer',
+           'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig', 'demo_config', 'DemoResult', 'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -24,15 +24,14 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-# %% ../nbs/08_two_phase.ipynb #0b1eff35
-from .model import TransformerConfig, Transformer, Nonlinearities
+# %% ../nbs/08_two_phase.ipynb #e22b5a47
+from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
-from .tasks import get_task, TASKS
+from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
-from .train import (TrainConfig, TrainResult, TrainState, train, run_loop, resume_and_run,
-    data_generator, derive_seed, stack_batches, forward_models, masked_cross_entropy, clip_grad_norm_per_model_,
-    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, save_state, load_state, data_info,
-    check_resume, list_checkpoints, _autocast, _config_dict)
+from .train import (TrainConfig, TrainResult, TrainState, train, resume_and_run,
+    data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
+    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast)
 from .viz import seed_band_figure, matrix_heatmap
 
 # %% ../nbs/08_two_phase.ipynb #8e42aaa7
@@ -89,7 +88,7 @@ class Phase1Config:
         "A config from `to_dict`'s output; unknown keys are an error."
         return from_dict(cls, d)
 
-# %% ../nbs/08_two_phase.ipynb #e67c69b1
+# %% ../nbs/08_two_phase.ipynb #f0ca29fe
 PHASE1_FORMAT = "spline_transformers.phase1/1"
 
 @dataclass
@@ -114,14 +113,30 @@ class Phase1Result:
         atomic_write(folder / "phase1.json", json.dumps(info, indent=2))   # last: a folder with phase1.json is complete
         return folder
 
+PHASE1_KEYS = {"format": str, "best_step": int, "cost": dict}  # what `load_phase1` needs in phase1.json, with their types
+
+def _read_phase1_json(path:Path)->dict:
+    "phase1.json as a dict with `PHASE1_KEYS`; a ValueError naming the file and the fix otherwise."
+    fix = f"re-run phase1 to write it again, or use the splines file {path.parent / 'nonlinearities.safetensors'} directly"
+    try: info = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:   # bad JSON, not UTF-8, or nested too deeply
+        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); the file is corrupt: {fix}") from None
+    if not isinstance(info, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(info), "null")
+        raise ValueError(f"{path} holds a JSON {kind}, not an object (Phase1Result.save writes one): {fix}")
+    for k, t in PHASE1_KEYS.items():
+        if k not in info: raise ValueError(f"{path} is missing the key {k!r}: {fix}")
+        if not isinstance(info[k], t) or isinstance(info[k], bool):
+            raise ValueError(f"{path}: {k!r} is a JSON {type(info[k]).__name__}, expected {'an object' if t is dict else 'a ' + t.__name__}: {fix}")
+    if info["format"] != PHASE1_FORMAT: raise ValueError(f"{path}: format {info['format']!r}, expected {PHASE1_FORMAT!r}: {fix}")
+    return info
+
 def load_phase1(folder:Union[str,Path])->Phase1Result:
     "Read a Phase I result written by `Phase1Result.save` (no unpickling; corrupt files are clear errors)."
     folder = Path(folder)
     info_path = folder / "phase1.json"
     if not info_path.is_file(): raise FileNotFoundError(f"no phase1.json in {folder}; is it a folder written by Phase1Result.save?")
-    try: info = json.loads(info_path.read_text())
-    except json.JSONDecodeError as e: raise ValueError(f"{info_path} is not valid JSON ({e}); the file is corrupt") from e
-    if info.get("format") != PHASE1_FORMAT: raise ValueError(f"{info_path}: format {info.get('format')!r}, expected {PHASE1_FORMAT!r}")
+    info = _read_phase1_json(info_path)
     nl = Nonlinearities.load(folder / "nonlinearities.safetensors").freeze()
     best = Nonlinearities.load(folder / "best.safetensors").freeze()
     metrics = metrics_frame(pd.read_csv(folder / "metrics.csv").to_dict("records")) if (folder / "metrics.csv").exists() else metrics_frame([])
@@ -142,7 +157,7 @@ def _check_spline_arch(arch:TransformerConfig):
         raise ValueError(f"Phase I learns splines, but this config has mlp_act={arch.mlp_act!r} and attn_fn={arch.attn_fn!r}; "
                          "use mlp_act='spline' and/or attn_fn='spline' (e.g. spline_arch(arch))")
 
-# %% ../nbs/08_two_phase.ipynb #8cb656b3
+# %% ../nbs/08_two_phase.ipynb #5b7f9aae
 def phase1(
     data, # source task or corpus (needs the `weights` and `arch` splits for arch_loss="heldout")
     arch:TransformerConfig, # architecture with spline nonlinearities (vocab/max_len are taken from `data`)
@@ -191,14 +206,14 @@ def phase1(
         x, y, mask = (t.to(device, non_blocking=True) for t in stack_batches(data, wsplit, cfg.batch_size, wgens))
         opt_w.zero_grad(set_to_none=True); opt_s.zero_grad(set_to_none=True)
         heldout = p1.arch_loss == "heldout"
-        with _autocast(device, cfg.amp):
+        with autocast(device, cfg.amp):
             logits = fwd(x, detach="nonlinearities" if heldout else None)
         lw = masked_cross_entropy(logits, y, mask)
         (lw * active).sum().backward()
         bad = torch.zeros((), device=device)
         if heldout:
             b = data.batch(p1.arch_split, B_arch, gens["arch"])
-            with _autocast(device, cfg.amp):
+            with autocast(device, cfg.amp):
                 la_logits = fwd(b.x.to(device), detach="weights")
             la = masked_cross_entropy(la_logits, b.y.to(device), b.mask.to(device))
             (la * active).sum().backward()
@@ -360,7 +375,7 @@ def compare(
         out["speedup"] = [_speedup(ref, a) for a in out.median_steps]
     return out
 
-# %% ../nbs/08_two_phase.ipynb #8e56023b
+# %% ../nbs/08_two_phase.ipynb #83449456
 @dataclass(frozen=True)
 class TransferCell:
     "One unit of the transfer matrix: train one fresh model on `target` with `source`'s nonlinearities (or the standard ones)."
@@ -402,6 +417,8 @@ def run_cell(
     else: res = _phase2(data, sources[cell.source], arch, cfg, [cell.seed], cell.source, None, resume)
     return res.metrics.assign(target=cell.target)
 
+MATRICES = ("speedup", "median_steps", "final_id", "final_ood")  # the matrices of a `TransferMatrix`
+
 @dataclass
 class TransferMatrix:
     "The transfer matrix: rows = source of the nonlinearities, columns = target task."
@@ -413,11 +430,20 @@ class TransferMatrix:
 
     def heatmap(self, which:str="speedup", **kw):
         "A heatmap of one of the matrices ('speedup', 'median_steps', 'final_id', 'final_ood')."
-        check_option(which, ("speedup", "median_steps", "final_id", "final_ood"), "which")
+        check_option(which, MATRICES, "which")
         titles = {"speedup": "speed-up over the standard transformer (steps to threshold)", "median_steps": "median steps to threshold",
                   "final_id": "final test accuracy (ID)", "final_ood": "final OOD accuracy"}
         return matrix_heatmap(getattr(self, which), title=kw.pop("title", titles[which]), x_title="target task",
                               y_title="nonlinearities from", **kw)
+
+    def save(self,
+             folder:Union[str,Path], # where the CSV files go (created if missing)
+            )->Path:
+        "Write each matrix (`speedup.csv`, `median_steps.csv`, `final_id.csv`, `final_ood.csv`) and the cells' `metrics.csv`."
+        out = Path(folder); out.mkdir(parents=True, exist_ok=True)
+        for k in MATRICES: atomic_write(out / f"{k}.csv", getattr(self, k).to_csv())
+        atomic_write(out / "metrics.csv", self.metrics.to_csv(index=False))
+        return out
 
 def assemble_transfer(
     results:Sequence[pd.DataFrame], # metrics of cells (from `run_cell`), in any order
@@ -453,30 +479,41 @@ def transfer(
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-# %% ../nbs/08_two_phase.ipynb #4bad6851
+# %% ../nbs/08_two_phase.ipynb #c7a0c679
 def nonlinearities_figure(
     nl:Nonlinearities, # the splines to draw
-    title:str="Learned nonlinearities", # figure title
-    others:Optional[dict]=None, # extra name -> Nonlinearities drawn dashed in the same panels (e.g. {"best": ...})
+    title:str="Learned nonlinearities beside GeLU and exp", # figure title
+    others:Optional[dict]=None, # extra name -> Nonlinearities of the same layout, drawn dashed in the same panels (e.g. {"best": ...})
 )->go.Figure:
-    "One panel per spline (MLP activations, attention kernels), knots marked, GeLU drawn beside the MLP splines."
+    "One panel per spline: MLP activations beside GeLU, attention kernels beside exp (scaled to agree at 0); knots marked."
     panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
     if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
-    names = [f"{'MLP activation φ' if k == 'mlp' else 'attention kernel φ′'}{'' if len(getattr(nl, k)) == 1 else f' {i}'}" for k, i, _ in panels]
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=names)
+    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
+    shown = set()
+    def line(c, x, y, label, **style):
+        fig.add_scatter(x=x, y=y, name=label, showlegend=label not in shown, legendgroup=label, row=1, col=c, **style); shown.add(label)
     for c, (kind, i, s) in enumerate(panels, start=1):
-        x = torch.linspace(s.x_min, s.x_max, 801)
         with torch.no_grad():
-            if kind == "mlp": fig.add_scatter(x=x.numpy(), y=torch.nn.functional.gelu(x).numpy(), name="GeLU", line=dict(dash="dot", color="gray"),
-                                              showlegend=c == 1, legendgroup="gelu", row=1, col=c)
-            fig.add_scatter(x=x.numpy(), y=s(x).numpy(), name="learned", line=dict(color="#636efa"), showlegend=c == 1, legendgroup="learned", row=1, col=c)
-            fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
-                            showlegend=False, hoverinfo="skip", row=1, col=c)
-            for j, (label, other) in enumerate((others or {}).items()):
-                o = getattr(other, kind)[i]
-                fig.add_scatter(x=x.numpy(), y=o(x).numpy(), name=label, line=dict(dash="dash"), showlegend=c == 1, legendgroup=label, row=1, col=c)
-        fig.update_xaxes(title_text="x", row=1, col=c)
-    fig.update_layout(title=title, height=360, margin=dict(t=70, b=40))
+            x = torch.linspace(float(s.x_min), float(s.x_max), 801)
+            y = s(x).float().numpy(); xs = x.numpy()
+            if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
+            else:
+                at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
+                ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
+            lo, hi = float(min(y.min(), 0)), float(max(y.max(), 0))
+            line(c, xs, ref, label, line=dict(dash="dot", color="gray"))
+            line(c, xs, y, "learned", line=dict(color="#636efa"))
+            fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().float().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
+                            name="knots", showlegend=False, hoverinfo="skip", row=1, col=c)
+            for label, other in (others or {}).items():
+                o = getattr(other, kind)[i](x).float().numpy()
+                line(c, xs, o, label, line=dict(dash="dash"))
+                lo, hi = min(lo, float(o.min())), max(hi, float(o.max()))
+        pad = 0.15 * (hi - lo or 1.0)
+        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=c)   # the reference may leave the learned spline's range (exp does)
+        fig.update_xaxes(title_text="pre-activation" if kind == "mlp" else "attention score s", row=1, col=c)
+    fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
     return fig
 
 def curves_figure(
@@ -536,7 +573,7 @@ def demo_config(
                          p1=Phase1Config(n_models=8, seeds=tuple(range(100, 108)), spline_lr=0.01), seeds=tuple(range(8)))
     return replace(cfg, **changes)
 
-# %% ../nbs/08_two_phase.ipynb #d1f4d619
+# %% ../nbs/08_two_phase.ipynb #803bc1e2
 @dataclass
 class DemoResult:
     "What `run_demo` returns: the comparison table and everything a report needs."
@@ -561,9 +598,22 @@ class DemoResult:
         others = {} if self.phase1.best_step == self.phase1.cost["steps"] else {f"best (step {self.phase1.best_step})": self.phase1.best}
         return nonlinearities_figure(self.phase1.nonlinearities, f"Learned on {self.config.task} (Phase I, M = {self.config.p1.n_models})", others)
 
+    def save(self,
+             folder:Union[str,Path], # the demo's results folder (created if missing)
+             **info, # more entries for config.json, e.g. the command line and the wall time
+            )->Path:
+        "Write every file of the demo's folder: phase1/, nonlinearities.safetensors (+ .json), metrics.csv, summary.csv, steps_to_threshold.csv, config.json."
+        out = Path(folder); out.mkdir(parents=True, exist_ok=True)
+        self.phase1.save(out / "phase1")
+        self.phase1.nonlinearities.save(out / "nonlinearities.safetensors")
+        atomic_write(out / "metrics.csv", self.metrics.to_csv(index=False)); atomic_write(out / "summary.csv", self.summary.to_csv(index=False))
+        atomic_write(out / "steps_to_threshold.csv", self.table.to_csv(index=False))
+        atomic_write(out / "config.json", json.dumps({"demo": self.config.to_dict(), "timings": self.timings, **info}, indent=2))
+        return out
+
 def run_demo(
     config:Optional[DemoConfig]=None, # sizes (default: `demo_config("cpu")`)
-    out_dir:Optional[Union[str,Path]]=None, # if given: Phase I result, metrics.csv, summary.csv, config.json go there
+    out_dir:Optional[Union[str,Path]]=None, # if given, `DemoResult.save` writes the results there
     callbacks:Optional[Sequence[Callable]]=None, # passed to every training run (e.g. a live plot)
     log:Optional[Callable]=None, # log(str) for progress messages (e.g. print)
 )->DemoResult:
@@ -586,9 +636,5 @@ def run_demo(
                "standard_step_s": base.step_time, "standard_wall_s": base.wall_time, "device": p1.cost["device"],
                "models_per_step": {"phase1": c.p1.n_models, "phase2": len(c.seeds)}}
     res = DemoResult(c, table, summary, metrics, p1, timings)
-    if out_dir is not None:
-        out = Path(out_dir); p1.save(out / "phase1")
-        atomic_write(out / "metrics.csv", metrics.to_csv(index=False)); atomic_write(out / "summary.csv", summary.to_csv(index=False))
-        atomic_write(out / "steps_to_threshold.csv", table.to_csv(index=False))
-        atomic_write(out / "config.json", json.dumps({"demo": c.to_dict(), "timings": timings}, indent=2))
+    if out_dir is not None: res.save(out_dir)
     return res

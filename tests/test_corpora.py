@@ -202,6 +202,14 @@ def test_weights_and_arch_windows_stay_apart(sh_char):
     assert sh_char.meta["ranges"]["arch"][0] == arch_lo and sh_char.n_windows("weights") == arch_lo - T
 
 
+def test_phase1_splits_are_listed_without_patching(sh_char):
+    "Phase I's held-out splits are among a corpus's splits by itself: nothing (the command line) has to add them."
+    from spline_transformers.two_phase import Phase1Config
+    p1 = Phase1Config()
+    assert {p1.weights_split, p1.arch_split} <= set(sh_char.splits) and set(sh_char.splits) >= {"train", "val"}
+    assert type(sh_char).splits is TokenArrays.splits   # no instance patched it
+
+
 def test_split_too_short_for_block_size(root):
     with pytest.raises(ValueError, match="fewer than block_size"):
         load_corpus("shakespeare", "bpe", block_size=10_000_000, root=root, max_documents=N_PLAYS, vocab_size=600, progress=False)

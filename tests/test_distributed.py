@@ -4,7 +4,7 @@ Every job runs under `launch`, which kills the whole torchrun process group afte
 instead of blocking the suite. Sizes are tiny: the wall time is mostly interpreter and torch start-up.
 """
 import os, shlex, time
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -12,16 +12,17 @@ import pytest
 import torch
 
 from spline_transformers.distributed import (launch, shard, shard_sizes, torchrun_command, init_distributed, is_distributed,
-                                             rank_checkpoint_dir, agreed_resume, dist_info, GradAllReduce, FAULT_ENV,
-                                             worker_parser, configs_from_args, _parse_fault, distributed_phase1)
+                                             rank_checkpoint_dir, agreed_resume, GradAllReduce, FAULT_ENV, _parse_fault)
+from spline_transformers.cli import build_parser, arch_from_args, train_from_args
 from spline_transformers.core import atomic_write
 from spline_transformers.model import Nonlinearities
 from spline_transformers.tasks import get_task
 from spline_transformers.two_phase import phase1, Phase1Config, load_phase1, transfer, arch_for
 
 TASK = "--task add --task-param n_digits=3 --task-param ood_digits=[4,5]"
-PHASE1 = f"phase1 {TASK} --n-models 3 --steps 6 --eval-every 3 --eval-examples 32 --backend gloo --device cpu --timeout 120"
-TRANSFER = f"transfer {TASK} --seeds 0,1 --steps 4 --eval-every 4 --eval-examples 32 --backend gloo --device cpu --timeout 120"
+SIZES = "--pos alibi --d-model 32 --n-layers 1 --n-heads 2 --batch-size 16 --warmup 0 --device cpu --no-progress"   # tiny: start-up dominates
+PHASE1 = f"phase1 {TASK} {SIZES} --n-knots 16 --n-models 3 --steps 6 --eval-every 3 --eval-examples 32 --backend gloo --timeout 120"
+TRANSFER = f"transfer --targets add --task-param n_digits=3 --task-param ood_digits=[4,5] {SIZES} --seeds 0,1 --steps 4 --eval-every 4 --eval-examples 32 --backend gloo --timeout 120"
 TOL = 1e-5
 JOB_TIMEOUT = 300  # seconds before a job (and every process it started) is killed; generous: shared CI machines are slow
 
@@ -48,9 +49,8 @@ def _same_metrics(ref, got):
 def reference():
     "The same Phase I in this process, with the plain single-process `phase1`."
     torch.set_num_threads(1)
-    a = worker_parser().parse_args(_args(PHASE1))
-    arch, cfg = configs_from_args(a)
-    return phase1(get_task("add", n_digits=3, ood_digits=(4, 5)), arch, cfg, Phase1Config(n_models=3, spline_lr=a.spline_lr))
+    a = build_parser().parse_args(_args(PHASE1))   # the same command line, in this process
+    return phase1(get_task("add", n_digits=3, ood_digits=(4, 5)), arch_from_args(a), train_from_args(a), Phase1Config(n_models=3))
 
 
 def test_phase1_two_ranks_match_one_process(tmp_path, reference):
@@ -85,16 +85,16 @@ def test_killed_rank_stops_the_job_and_resume_finishes_the_run(tmp_path, referen
 
 def test_transfer_two_ranks_match_one_process(tmp_path):
     torch.set_num_threads(1)
-    a = worker_parser().parse_args(_args(TRANSFER))
-    arch, cfg = configs_from_args(a)
+    a = build_parser().parse_args(_args(TRANSFER) + ["--source", "s=x"])
+    cfg = train_from_args(a)
     task = get_task("add", n_digits=3, ood_digits=(4, 5))
-    nl = Nonlinearities.from_config(arch_for(task, arch))
+    nl = Nonlinearities.from_config(arch_for(task, replace(arch_from_args(a), mlp_act="spline", attn_fn="spline", n_knots=16)))
     with torch.no_grad():
         for p in nl.parameters(): p.add_(torch.linspace(-0.5, 0.5, p.numel()).view_as(p))
     path = nl.save(tmp_path / "src.safetensors")
     r, wall = _run(f"{TRANSFER} --source s={path} --out {tmp_path / 'out'}")
     assert r.returncode == 0, r.stderr[-4000:]
-    ref = transfer({"s": str(path)}, {"add": task}, arch, cfg, seeds=(0, 1))
+    ref = transfer({"s": str(path)}, {"add": task}, nl.config_for(arch_from_args(a)), cfg, seeds=(0, 1))
     got = pd.read_csv(tmp_path / "out" / "metrics.csv")
     assert _same_metrics(ref.metrics, got) < TOL
     for k in ("median_steps", "final_id", "final_ood"):
@@ -104,11 +104,11 @@ def test_transfer_two_ranks_match_one_process(tmp_path):
 
 
 def test_failed_job_prints_one_line_per_rank(tmp_path):
-    "A user error on every rank: each rank prints one ERROR line, and no traceback of ours."
-    r, wall = _run(PHASE1.replace("--n-models 3", "--n-models 1"))
+    "A user error on every rank: each rank prints one error line naming itself, and no traceback of ours."
+    r, wall = _run(PHASE1.replace("--n-models 3", "--n-models 1") + f" --out {tmp_path / 'out'}")
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if "cannot be shared by 2 ranks" in l]
-    assert sorted(l.split(":")[0] for l in lines) == ["ERROR on rank 0", "ERROR on rank 1"], r.stderr[-3000:]
+    assert sorted(l.split(":")[0] for l in lines) == ["spline-transformers phase1 (rank 0)", "spline-transformers phase1 (rank 1)"], r.stderr[-3000:]
     assert "spline_transformers/" not in r.stderr, r.stderr[-3000:]   # no frame of this package in any traceback
 
 

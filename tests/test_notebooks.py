@@ -25,11 +25,78 @@ def staged():
     return build_docs.stage(force=True)
 
 
-def test_there_are_chapters():
-    assert len(NOTEBOOKS) >= 2, f"expected the book's chapters in {build_docs.NBS}, found {NOTEBOOKS}"
-
-
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook(nb, staged):
     ok = build_docs.execute(staged / nb.name, _skip_flags())
     assert ok, f"{nb.name} failed (its traceback is printed above)"
+
+
+# ---------------------------------------------------------------- the house: reading order and module boundaries
+import ast, json, re
+from pathlib import Path
+
+PKG = Path(build_docs.NBS).parent / "spline_transformers"
+
+
+def _cells(nb):
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in json.loads(Path(nb).read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def _module_of(nb):
+    "The module a chapter builds (`#| default_exp name`), or None."
+    for src in _cells(nb):
+        m = re.search(r"^#\|\s*default_exp\s+(\S+)", src, re.M)
+        if m: return m.group(1)
+    return None
+
+
+def _imported_modules(src):
+    "Package modules a cell imports: `from spline_transformers.x import`, `import spline_transformers.x`, `from spline_transformers import x`."
+    found = set(re.findall(r"^\s*(?:from|import)\s+spline_transformers\.(\w+)", src, re.M))
+    for names in re.findall(r"^\s*from\s+spline_transformers\s+import\s+\(?([\w\s,]+)\)?", src, re.M):
+        found |= {n.split(" as ")[0].strip() for n in names.split(",") if n.strip()}
+    return found
+
+
+def test_there_are_chapters():
+    "Every package module is built by exactly one chapter, and the front page is there."
+    built = {}
+    for nb in NOTEBOOKS:
+        m = _module_of(nb)
+        if m: built.setdefault(m, []).append(nb.name)
+    modules = {p.stem for p in PKG.glob("*.py") if not p.stem.startswith("_")}
+    assert set(built) == modules, (sorted(modules - set(built)), sorted(set(built) - modules))
+    assert all(len(v) == 1 for v in built.values()), {k: v for k, v in built.items() if len(v) > 1}
+    assert "index.ipynb" in {nb.name for nb in NOTEBOOKS}
+
+
+def test_chapters_import_only_earlier_chapters():
+    "The book's promise: a chapter (exported cells or not) imports only modules built by chapters before it."
+    order = [nb.name for nb in NOTEBOOKS]   # reading order
+    chapter = {_module_of(nb): nb.name for nb in NOTEBOOKS if _module_of(nb)}
+    late = []
+    for nb in NOTEBOOKS:
+        for src in _cells(nb):
+            for mod in _imported_modules(src) - {_module_of(nb)}:
+                if mod in chapter and order.index(chapter[mod]) >= order.index(nb.name): late.append((nb.name, mod, chapter[mod]))
+    assert not late, f"chapters importing a module built later (chapter, module, its chapter): {sorted(set(late))}"
+
+
+def test_no_private_name_is_imported_across_modules():
+    "Modules use each other's public names only: no `from .x import _y`, no `x._y` on a package module."
+    bad = []
+    for f in sorted(PKG.glob("*.py")):
+        if f.stem.startswith("_"): continue
+        tree = ast.parse(f.read_text())
+        aliases = {}   # local name -> package module, from `from . import x as y` / `import spline_transformers.x as y`
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("spline_transformers")):
+                mod = n.module if n.level else (n.module or "").removeprefix("spline_transformers").lstrip(".")
+                for a in n.names:
+                    if not mod: aliases[a.asname or a.name] = a.name
+                    elif a.name.startswith("_"): bad.append(f"{f.name}: from {mod} import {a.name}")
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases and n.attr.startswith("_"):
+                bad.append(f"{f.name}: {n.value.id}.{n.attr}")
+    assert not bad, bad

@@ -578,3 +578,15 @@ def test_property_tests_are_reproducible():
     from hypothesis import settings as current
     for s in (current.default, HYP):
         assert s.derandomize and s.database is None and s.deadline is None, s
+
+
+def test_task_class_and_parameters_are_public():
+    "The command line reads task parameters through these (no private registry is imported across modules)."
+    from spline_transformers.tasks import task_class, task_params, AddTask
+    assert task_class("add") is AddTask
+    with pytest.raises(ValueError, match="valid tasks: add"): task_class("addition")
+    p = task_params("add")
+    assert p["n_digits"] == (int, 5) and p["reverse_operands"][0] is bool and p["ood_digits"][0] is tuple and "seed" not in p
+    for name in TASKS:   # every listed parameter is one get_task takes, with its listed default
+        defaults = {k: d for k, (t, d) in task_params(name).items() if d is not None}
+        assert get_task(name, **defaults).params == get_task(name).params

@@ -262,3 +262,11 @@ def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(task, tmp_p
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
         train(make_model(task), task, cfg_for(tmp_path, steps=4))
     assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path)} == before
+
+
+def test_progress_text_shows_the_accuracy_first():
+    "The bar's text lists accuracies before losses, so a narrow terminal cuts a loss, never the accuracy."
+    from spline_transformers.train import _postfix
+    rows = [dict(split=sp, metric=m, value=v, seed=0) for sp in ("test", "ood") for m, v in (("loss", 1.5), ("token_acc", 0.5), ("seq_acc", 0.25))]
+    text = _postfix(rows)
+    assert text.split()[:2] == ["test/seq_acc=0.25", "ood/seq_acc=0.25"], text

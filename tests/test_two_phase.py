@@ -218,3 +218,41 @@ def test_phase1_refuses_the_train_spline_settings(task):
     with pytest.raises(ValueError, match="Phase1Config.spline_lr"): phase1(task, ARCH, tcfg(spline_lr=0.5), Phase1Config(n_models=2))
     with pytest.raises(ValueError, match="Phase1Config.spline_lr"):
         phase1(task, ARCH, tcfg(spline_betas=(0.9, 0.9)), Phase1Config(n_models=2))
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[1, 2]", ["JSON list", "an object"]),
+    ('{"format": "spline_transformers.phase1/1", "cost": {}}', ["missing", "best_step"]),
+    ('{"format": "spline_transformers.phase1/1", "best_step": 3, "cost": []}', ["cost", "object"]),
+    ("{not json", ["not valid JSON"]),
+])
+def test_load_phase1_names_the_file_and_the_fix(task, tmp_path, text, words):
+    "A malformed phase1.json is a ValueError naming the file and what to do, never an AttributeError or KeyError."
+    out = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2)).save(tmp_path / "p1")
+    (out / "phase1.json").write_text(text)
+    with pytest.raises(ValueError) as e: load_phase1(out)
+    msg = str(e.value)
+    assert str(out / "phase1.json") in msg and "re-run phase1" in msg, msg
+    for w in words: assert w in msg, msg
+
+
+def test_transfer_matrix_saves_itself(task, tmp_path):
+    "Writing a transfer matrix belongs to the matrix: one CSV per matrix and the metrics."
+    src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    tm = transfer({"s": src}, {"add": task}, ARCH, tcfg(), seeds=[0])
+    out = tm.save(tmp_path / "tm")
+    for k in ("speedup", "median_steps", "final_id", "final_ood"):
+        back = pd.read_csv(out / f"{k}.csv", index_col=0)
+        assert list(back.index) == list(getattr(tm, k).index) == ["standard", "s"], k
+    assert len(pd.read_csv(out / "metrics.csv")) == len(tm.metrics)
+
+
+def test_one_figure_draws_learned_splines_with_both_references(task):
+    "`nonlinearities_figure` draws MLP splines beside GeLU and attention kernels beside exp; the report draws the same."
+    from spline_transformers import report
+    from spline_transformers.two_phase import nonlinearities_figure
+    nl = Nonlinearities.from_config(arch_for(task, ARCH))
+    fig = nonlinearities_figure(nl, others={"best": nl})
+    names = {t.name for t in fig.data}
+    assert {"GeLU", "exp (softmax), scaled", "learned", "best"} <= names, names
+    assert not hasattr(report, "splines_figure")   # one function, not two with different references
