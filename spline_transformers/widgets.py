@@ -297,7 +297,7 @@ class LiveFigure(go.FigureWidget):
     def _send_deleteTraces_msg(self, *a, **k): super()._send_deleteTraces_msg(*a, **k); self.keep_state()
     def _send_moveTraces_msg(self, *a, **k): super()._send_moveTraces_msg(*a, **k); self.keep_state()
 
-# %% ../nbs/30_widgets.ipynb #53e66300
+# %% ../nbs/30_widgets.ipynb #f2fa0bb5
 class SplineEditor:
     "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
     INSTRUCTIONS = "drag a knot, or pick one with the knot slider and move its value"
@@ -318,6 +318,7 @@ class SplineEditor:
         self._sliding = False    # True while an edit comes from the value slider (keep its range still)
         self.name = next(iter(self.refs))
         self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
+        self._simulated = False  # True while `move_slider` plays the reader
         self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
         self.fig._config = dict(STATIC_CONFIG)
         self.fig.layout.on_change(self._on_shapes, "shapes")
@@ -415,7 +416,7 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
         self.knot_slider.value = k
     finally: self._quiet = was
 
-# %% ../nbs/30_widgets.ipynb #ba3ef5b8
+# %% ../nbs/30_widgets.ipynb #15e2afea
 @patch
 def _on_knot(self:SplineEditor, k):
     if self._quiet: return
@@ -431,8 +432,12 @@ def _on_value(self:SplineEditor, y):
     if self._quiet: return
     k = self.knot_slider.value
     if abs(y - self.values[k].item()) <= self.value_slider.step / 2: return   # the browser rounding our own value to the step
-    if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes): return  # a value this editor sent, echoed late
-    self._echoes.clear()                       # the reader moves the slider: earlier values can no longer come back
+    if self._simulated: self._echoes.append(y)  # `move_slider` sets the value from Python: the browser may echo it too
+    else:
+        # during Run All the browser's messages wait behind the queued cells, so it may echo, late, any value this
+        # editor (or `move_slider`) put on the slider; only a value never sent is the reader's
+        if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes): return
+        self._echoes.clear()                   # the reader moves the slider: the kernel's earlier values are behind us
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"
     self._sliding = True
@@ -465,10 +470,13 @@ def move_slider(self:SplineEditor,
                 k:int,      # knot index (the knot slider)
                 y:float):   # new value (the value slider)
     "Do what moving the knot slider to `k` and the value slider to `y` does."
-    self.knot_slider.value = k
-    sl = self.value_slider
-    sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
-    sl.value = y
+    self._simulated = True
+    try:
+        self.knot_slider.value = k
+        sl = self.value_slider
+        sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
+        sl.value = y
+    finally: self._simulated = False
 
 # %% ../nbs/30_widgets.ipynb #24587d5f
 RESETS = REFERENCES[:4] + ("learned",)

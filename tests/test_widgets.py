@@ -218,13 +218,19 @@ def test_no_numpy_arrays_reach_a_figure_widget(spline):
 
 def test_late_slider_echo_is_not_an_edit(spline):
     "Issue 18 (4): the browser sends back, late, a value the editor put on the value slider; it must not become an edit."
+    v0 = spline.values.detach().clone()
     ed = SplineEditor(spline)
     ed.drag_knot(3, -1.0)              # the editor puts -1.0 on the value slider (knot 3)
     ed.undo()                          # knot 3 is back where it was; the slider says so
     ed.value_slider.value = -1.0       # ...and only now the browser's echo of -1.0 arrives
     assert ed.history == [] and spline.values[3].item() != -1.0
+    ed.move_slider(10, 2.5)            # a cell plays the reader: knot 10 (its value goes on the slider), then 2.5
+    ed.drag_knot(3, -1.0); ed.undo(); ed.undo()  # ...then knot 3 again, and undoes it all
+    for late in (round(float(v0[10]), 3), 2.5):   # the browser's echoes of both arrive after the cell
+        ed.value_slider.value = late
+    assert ed.history == [] and torch.equal(spline.values.detach(), v0)
     ed.value_slider.value = 0.777      # a real move is still an edit
-    assert spline.values[3].item() == pytest.approx(0.777) and len(ed.history) == 1
+    assert spline.values[ed.knot_slider.value].item() == pytest.approx(0.777) and len(ed.history) == 1
     ed.clear_history()
     assert ed.history == [] and ed.INSTRUCTIONS in ed.status.value
 
