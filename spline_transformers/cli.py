@@ -19,8 +19,8 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'default_seeds', 'seed_list',
            'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args',
            'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args', 'load_nonlinearities',
-           'quick_demo_config', 'format_table', 'cmd_demo', 'cmd_phase1', 'corpus_summary', 'cmd_phase2',
-           'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
+           'format_table', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate',
+           'cmd_prepare', 'build_parser', 'main']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
@@ -34,7 +34,7 @@ from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, transfer,
-                                           as_nonlinearities, demo_config, run_demo)
+                                           as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
 from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
 
@@ -327,14 +327,6 @@ def load_nonlinearities(
     except ValueError as e: raise UsageError(f"{where}: {error_message(e)}") from None
 
 # %% ../nbs/22_cli.ipynb #4ad81898
-def quick_demo_config(device:str="cpu"):
-    "A tiny `DemoConfig` (well under a minute on a CPU) that runs the whole demo pipeline; its numbers are not evidence."
-    c = demo_config(device)
-    return replace(c, arch=replace(c.arch, n_layers=1, d_model=32, n_heads=2, n_knots=32),
-                   train=replace(c.train, steps=60, batch_size=32, warmup=10, eval_every=20, eval_examples=64),
-                   phase1_train=replace(c.phase1_train, steps=30, batch_size=32, warmup=5, eval_every=15, eval_examples=64),
-                   p1=replace(c.p1, n_models=2, seeds=(100, 101)), seeds=(0, 1, 2))
-
 def format_table(result)->str:
     "The demo's table as text: steps to threshold per seed and arm, median, IQR, seeds reaching it, speed-up and the verdict."
     st = report.seed_table(result.table, ["standard", "learned"])
@@ -403,18 +395,6 @@ def cmd_phase1(a)->int:
     return 0
 
 # %% ../nbs/22_cli.ipynb #88d40ac2
-def corpus_summary(metrics:pd.DataFrame, split:str="val")->pd.DataFrame:
-    "Per arm: final loss and token accuracy on `split`, mean and range over seeds."
-    last = metrics[(metrics.split == split) & (metrics.step == metrics.groupby(["model", "seed"]).step.transform("max"))]
-    rows = []
-    for m, g in last.groupby("model", sort=False):
-        r = {"model": m, "seeds": g.seed.nunique()}
-        for met in ("loss", "token_acc"):
-            v = g[g.metric == met].value
-            if len(v): r.update({f"final_{met}": v.mean(), f"{met}_min": v.min(), f"{met}_max": v.max()})
-        rows.append(r)
-    return pd.DataFrame(rows)
-
 def _arms_summary(data, metrics, threshold):
     if is_corpus(data): return corpus_summary(metrics), None
     return compare(metrics, "standard", threshold), steps_to_threshold(metrics, "seq_acc", threshold, "test")

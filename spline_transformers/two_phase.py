@@ -15,8 +15,9 @@ from typing import Callable, Optional, Sequence, Union
 __all__ = ['STANDARD', 'ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'PHASE1_KEYS',
            'MATRICES', 'arch_for', 'standard_arch', 'spline_arch', 'Phase1Config', 'Phase1Result', 'load_phase1',
            'phase1', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2', 'baseline',
-           'compare', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell', 'TransferMatrix', 'assemble_transfer',
-           'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig', 'demo_config', 'DemoResult', 'run_demo']
+           'compare', 'corpus_summary', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell', 'TransferMatrix',
+           'assemble_transfer', 'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig', 'demo_config',
+           'quick_demo_config', 'DemoResult', 'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -375,6 +376,22 @@ def compare(
         out["speedup"] = [_speedup(ref, a) for a in out.median_steps]
     return out
 
+def corpus_summary(
+    metrics:pd.DataFrame, # tidy metrics of one or more arms on a corpus
+    split:str="val", # the split to summarise
+)->pd.DataFrame:
+    "Per arm, what `compare` is for a task: final loss and token accuracy on `split`, mean and range over seeds (a corpus has no threshold)."
+    last = metrics[(metrics.split == split) & (metrics.step == metrics.groupby(["model", "seed"]).step.transform("max"))]
+    rows = []
+    for m, g in last.groupby("model", sort=False):
+        r = {"model": m, "seeds": g.seed.nunique()}
+        for met in ("loss", "token_acc"):
+            v = g[g.metric == met].value
+            if len(v): r.update({f"final_{met}": v.mean(), f"{met}_min": v.min(), f"{met}_max": v.max()})
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
 # %% ../nbs/08_two_phase.ipynb #83449456
 @dataclass(frozen=True)
 class TransferCell:
@@ -572,6 +589,15 @@ def demo_config(
                          phase1_train=TrainConfig(steps=3000, batch_size=256, lr=1e-3, warmup=200, eval_every=100, eval_examples=1000, device=device, progress=False),
                          p1=Phase1Config(n_models=8, seeds=tuple(range(100, 108)), spline_lr=0.01), seeds=tuple(range(8)))
     return replace(cfg, **changes)
+
+def quick_demo_config(device:str="cpu"):
+    "A tiny `DemoConfig` (well under a minute on a CPU) that runs the whole demo pipeline; its numbers are not evidence."
+    c = demo_config(device)
+    return replace(c, arch=replace(c.arch, n_layers=1, d_model=32, n_heads=2, n_knots=32),
+                   train=replace(c.train, steps=60, batch_size=32, warmup=10, eval_every=20, eval_examples=64),
+                   phase1_train=replace(c.phase1_train, steps=30, batch_size=32, warmup=5, eval_every=15, eval_examples=64),
+                   p1=replace(c.p1, n_models=2, seeds=(100, 101)), seeds=(0, 1, 2))
+
 
 # %% ../nbs/08_two_phase.ipynb #803bc1e2
 @dataclass

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from spline_transformers import cli
-from spline_transformers.cli import main, build_parser, UsageError, parse_ints, seed_list, quick_demo_config
+from spline_transformers.cli import main, build_parser, UsageError, parse_ints, seed_list
+from spline_transformers.two_phase import quick_demo_config
 from spline_transformers.model import Nonlinearities
 from spline_transformers.tasks import TASKS
 from spline_transformers.corpora import CORPORA

@@ -3,7 +3,6 @@ import ast
 import json
 import math
 import os
-import shutil
 import textwrap
 import zipfile
 
@@ -313,7 +312,7 @@ def test_evaluate_single_and_ensemble(sh_char):
 
 
 def test_evaluate_the_books_transformer_and_ensemble(sh_char):
-    from spline_transformers.model import TransformerConfig, Transformer
+    from spline_transformers.model import TransformerConfig
     from spline_transformers.ensemble import Ensemble
     cfg = TransformerConfig(vocab_size=sh_char.vocab_size, n_layers=1, d_model=32, n_heads=2, max_len=sh_char.max_len)
     ens = Ensemble(cfg, n_models=2, seeds=[0, 1])

@@ -1,6 +1,5 @@
 """README.md is generated from the front page and names every command a user runs; CI runs exactly those commands."""
 import os, re, subprocess
-from pathlib import Path
 
 from conftest import ROOT
 import build_readme

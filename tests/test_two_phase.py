@@ -1,6 +1,6 @@
 """Phase I's gradient routing (checked against a hand-written step), the grad hook, staggered starts, exact resumption,
 saving/loading results, Phase II freezing, and the transfer-matrix cells."""
-import math, shutil
+import shutil
 from dataclasses import replace
 
 import pandas as pd
