@@ -38,7 +38,7 @@ from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, ph
 from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
 
-# %% ../nbs/22_cli.ipynb #69dcca13
+# %% ../nbs/22_cli.ipynb #a4f229bc
 class UsageError(ValueError):
     "A bad command line or input: printed without a traceback, exit status 2."
 
@@ -84,6 +84,8 @@ def check_out_dir(
     if not ok: raise UsageError(f"{flag} {p}: {anc} is not writable by this user; give a folder you can write to")
     return p
 
+
+# %% ../nbs/22_cli.ipynb #a310d959
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 def task_param_types(task:str)->dict:
     "The parameters of `task` with their types and defaults, {name: (type, default)} (`tasks.task_params`); a `UsageError` for an unknown task."
@@ -130,6 +132,8 @@ def parse_params(
         out[k] = _param_value(task, k, v, *types[k])
     return out
 
+
+# %% ../nbs/22_cli.ipynb #93fe55b2
 def int_arg(lo:Optional[int]=None, hi:Optional[int]=None):
     "An argparse `type` for an integer in [lo, hi] (`core.check_int`)."
     def parse(s:str)->int:
@@ -168,6 +172,7 @@ def seed_list(vals:Optional[Sequence[int]], default:Sequence[int])->list:
         return list(range(start, start + vals[0]))
     if len(set(vals)) != len(vals): raise UsageError(f"--seeds {vals} repeats a seed; give distinct seeds")
     return list(vals)
+
 
 # %% ../nbs/22_cli.ipynb #93acddbc
 MAX_EVAL_EXAMPLES = 100_000  # --eval-examples: more only costs time (the standard error of an accuracy is already < 0.2%)

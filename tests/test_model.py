@@ -466,3 +466,18 @@ def test_generate_arguments_are_checked():
                         (dict(max_new_tokens=2, top_k=0), "top_k"), (dict(max_new_tokens=2, temperature=float("nan")), "temperature")]:
         with pytest.raises(ValueError, match=message):
             model.generate(prompt, **kw)
+
+
+def test_config_for_takes_the_spline_layout_from_the_splines():
+    "A model for saved splines gets their layout from `Nonlinearities.config_for`; only `model` reads a Nonlinearities' settings."
+    from pathlib import Path
+    saved = Nonlinearities.from_config(replace(CFG, mlp_act="spline", attn_fn="softmax", n_knots=41, spline_range=6.0, sharing="per_layer"))
+    got = saved.config_for(TransformerConfig(vocab_size=11, n_layers=3, d_model=16, n_heads=2))
+    assert (got.mlp_act, got.attn_fn, got.n_knots, got.spline_range, got.sharing, got.n_layers) == ("spline", "softmax", 41, 6.0, "per_layer", 3)
+    both = Nonlinearities.from_config(replace(CFG, n_knots=9, spline_range=3.0, attn_n_knots=7, attn_spline_range=2.0))
+    g2 = both.config_for(TransformerConfig(vocab_size=11, d_model=16, n_heads=2))
+    assert (g2.attn_fn, g2.n_knots, g2.attn_n_knots, g2.attn_spline_range) == ("spline", 9, 7, 2.0)
+    Transformer(g2).load_nonlinearities(both.for_depth(g2.n_layers))   # the layouts agree
+    pkg = Path(__file__).resolve().parents[1] / "spline_transformers"
+    readers = [f.name for f in sorted(pkg.glob("*.py")) if not f.name.startswith("_") and ".settings" in f.read_text()]
+    assert readers == ["model.py"], readers

@@ -256,3 +256,22 @@ def test_one_figure_draws_learned_splines_with_both_references(task):
     names = {t.name for t in fig.data}
     assert {"GeLU", "exp (softmax), scaled", "learned", "best"} <= names, names
     assert not hasattr(report, "splines_figure")   # one function, not two with different references
+
+
+def test_demo_result_writes_its_whole_folder(task, tmp_path):
+    "One room writes the demo's folder: `DemoResult.save` writes every data file, with the caller's extra entries in config.json."
+    import json
+    from spline_transformers.train import steps_to_threshold
+    from spline_transformers.two_phase import DemoResult, demo_config
+    src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    m = pd.concat([baseline(task, ARCH, tcfg(), seeds=[0], name="standard").metrics,
+                   phase2(task, src, ARCH, tcfg(), seeds=[0], name="learned").metrics], ignore_index=True)
+    res = DemoResult(demo_config("cpu"), steps_to_threshold(m, "seq_acc", 0.95, "test"), compare(m, "standard"), m, src, {"device": "cpu"})
+    out = res.save(tmp_path / "demo", command="spline-transformers demo", wall_time_s=1.5)
+    assert {p.name for p in out.iterdir()} == {"phase1", "nonlinearities.safetensors", "nonlinearities.json", "metrics.csv",
+                                                "summary.csv", "steps_to_threshold.csv", "config.json"}
+    info = json.loads((out / "config.json").read_text())
+    assert info["command"] == "spline-transformers demo" and info["wall_time_s"] == 1.5 and info["demo"]["task"] == "add"
+    back = Nonlinearities.load(out / "nonlinearities.safetensors")
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), src.nonlinearities.parameters()))
+    assert load_phase1(out / "phase1").best_step == src.best_step
