@@ -205,7 +205,7 @@ def static_editor_html(
     return (f'<div class="spline-editor-static"><p><em>{note}</em> '
             f'<button id="{pid}-reset" type="button">reset</button></p>{div}</div>')
 
-# %% ../nbs/30_widgets.ipynb #8dc5c85f
+# %% ../nbs/30_widgets.ipynb #2fa56ee4
 _BUNDLE_KEY = f"spline_transformers.plotly_widget.{plotly.__version__}"
 
 _SHIM_ESM = """
@@ -240,8 +240,13 @@ export default () => {
       ready.catch(e => console.error("[spline_transformers] plotly widget bundle failed to load", e));
     },
     async render(ctx) {
-      const def = await ready;
-      return def.render(ctx);
+      const def = await ready, el = ctx.el;
+      const cleanup = await def.render(ctx);
+      // the view is drawn before it is in the page (plotly then falls back to 700 px): fit the width once it is, and
+      // on every later resize (plotly's own handler, which skips a hidden figure)
+      const ro = new ResizeObserver(() => { if (el._responsiveChartHandler && el.offsetWidth > 0) el._responsiveChartHandler(); });
+      ro.observe(el);
+      return () => { ro.disconnect(); if (typeof cleanup === "function") cleanup(); };
     },
   };
 };
