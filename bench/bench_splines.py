@@ -1,36 +1,32 @@
 """Spline activation speed: each backend as a ratio to erf-GeLU on the same (64, 256, 512) float32 tensor.
 
 Forward, and forward + backward (input and value gradients), for K = 16, 32, 64 knots; rounds interleaved in one
-process (every timing in a round runs back to back), medians over rounds, 2 threads. Not a test: it prints a table.
+process (every timing in a round runs back to back), medians (or minima) over rounds, 2 threads unless told.
+Not a test: it prints a table, the load average before and after, and the targets.
 
-    python bench/bench_splines.py [--rounds 15] [--threads 2] [--shape 64 256 512]
+    python bench/bench_splines.py [--rounds 15] [--threads 2] [--stat median|min] [--clock wall|cpu] [--shape 64 256 512]
 """
-import argparse, os, statistics, sys, time
+import argparse, os, statistics, sys
 
-THRESHOLD = "4294967296"
-MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-if any(os.environ.get(v) != THRESHOLD for v in MALLOC_VARS):
-    # glibc hands allocations over 32 MiB to fresh mmaps (and trims freed heap back to the OS); each 33 MB tensor
-    # would then pay ~10 ms of page faults. The variables are read at process start, so re-exec with them set.
-    for v in MALLOC_VARS: os.environ[v] = THRESHOLD
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+import timing
+timing.reexec_with_heap_settings()
 
 import torch
 import torch.nn.functional as F
 from spline_transformers.splines import LinearSpline, set_spline_backend, spline_backend
+from timing import CLOCK
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
+    timing.add_timing_args(ap, rounds=15)
     ap.add_argument("--shape", type=int, nargs="+", default=[64, 256, 512])
     ap.add_argument("--knots", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--backends", nargs="+", default=["cpp", "torch"])
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']} and MALLOC_TRIM_THRESHOLD_="
-          f"{os.environ['MALLOC_TRIM_THRESHOLD_']} set (large tensors reuse heap memory instead of fresh page-faulting "
+    timing.start(args)
+    print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_')} and MALLOC_TRIM_THRESHOLD_="
+          f"{os.environ.get('MALLOC_TRIM_THRESHOLD_')} set (large tensors reuse heap memory instead of fresh page-faulting "
           f"mmaps); torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"shape {tuple(args.shape)} float32, baseline erf-GeLU (approximate='none')")
     backends = []
@@ -70,17 +66,19 @@ def main():
     for f in jobs.values(): f()                     # warm up (builds, allocator)
     for r in range(args.rounds):
         for k, f in jobs.items():
-            t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
+            t = CLOCK[0](); f(); times[k].append(CLOCK[0]() - t)
     set_spline_backend("auto")
-    med = {k: statistics.median(v) for k, v in times.items()}
+    stat = statistics.median if args.stat == "median" else min
+    med = {k: stat(v) for k, v in times.items()}
     gf, gfb = med[("gelu", "-", "f")], med[("gelu", "-", "fb")]
-    print(f"\nerf-GeLU: forward {gf*1e3:.2f} ms, forward+backward {gfb*1e3:.2f} ms (medians of {args.rounds} interleaved rounds)\n")
+    print(f"\nerf-GeLU: forward {gf*1e3:.2f} ms, forward+backward {gfb*1e3:.2f} ms ({args.stat} of {args.rounds} interleaved rounds)\n")
     print(f"{'backend':<8} {'K':>4} {'fwd ms':>8} {'fwd / GeLU':>11} {'f+b ms':>8} {'f+b / GeLU':>11}")
     for b in backends:
         for K in args.knots:
             f, fb = med[(b, K, "f")], med[(b, K, "fb")]
             print(f"{b:<8} {K:>4} {f*1e3:>8.2f} {f/gf:>10.2f}x {fb*1e3:>8.2f} {fb/gfb:>10.2f}x")
-    print("\ntargets: fused cpp <= 1.0x forward, <= 1.2x forward+backward; torch fallback <= 10x forward, <= 8x forward+backward")
+    print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end")
+    print("targets: fused cpp <= 1.0x forward, <= 1.2x forward+backward; torch fallback <= 10x forward, <= 8x forward+backward")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def init_values(
     if not torch.isfinite(v).all(): raise ValueError(f"init={init!r} gives non-finite values at the knots")
     return v
 
-# %% ../nbs/01_splines.ipynb #5b83faae
+# %% ../nbs/01_splines.ipynb #494b56da
 def _spline_ids(x, S, inner):
     "Which spline each element of flat `x`, viewed as (outer, S, inner), uses (None for a single spline)."
     if S == 1: return None
@@ -114,37 +114,47 @@ def _torch_forward(x, values, x_min, x_max, extrapolate, S, inner):
     sid = _spline_ids(x, S, inner)
     d = values[:, 1:] - values[:, :-1]
     if extrapolate == "constant":                   # the default: 8 passes over memory, nothing else
-        tc = torch.sub(x, x_min).mul_(inv_h).clamp_(0.0, K - 1.0)          # NaN stays NaN
-        i_f = tc.clamp(max=K - 2.0).nan_to_num_(0.0).floor_()              # segment, NaN -> 0
-        frac = tc.sub_(i_f)                                                # in place; NaN for NaN inputs
-        i = i_f.long()
-        iv, idd = (i, i) if sid is None else (i + sid * K, i + sid * (K - 1))
-        return values.reshape(-1).index_select(0, iv).addcmul_(frac, d.reshape(-1).index_select(0, idd))
+        # extended tables: row K-1 is "at or beyond x_max" (rise 0), row K is NaN, where NaN inputs are sent
+        nan = values.new_full((S, 1), float("nan"))
+        vt = torch.cat([values, nan], 1).reshape(-1)
+        dt = torch.cat([d, torch.zeros_like(nan), nan], 1).reshape(-1)
+        tc = torch.sub(x, x_min).mul_(inv_h).clamp_(0.0, K - 1.0).nan_to_num_(float(K))
+        i = tc.to(torch.int32)                                             # floor, as tc >= 0
+        frac = tc.frac_()                                                  # exact: tc - floor(tc)
+        if sid is not None: i = i.add_(sid.to(torch.int32) * (K + 1))
+        return vt.index_select(0, i).addcmul_(frac, dt.index_select(0, i))
     i, frac, _ = _segments(x, K, x_min, inv_h, extrapolate)
     iv, idd = (i, i) if sid is None else (i + sid * K, i + sid * (K - 1))
     vg, dg = values.reshape(-1).take(iv), d.reshape(-1).take(idd)
     y = torch.where(dg == 0, vg, torch.addcmul(vg, frac, dg))   # a flat end stays flat at ±inf
     return torch.where(torch.isnan(x), x, y)
 
+def _bin_sums(j, w, n):
+    "Sum `w` into `n` bins by index `j` (int64): 64 rows of partial sums when the length allows (parallel, shorter float sums)."
+    N = j.numel()
+    rows = 64 if N >= 65536 and N % 64 == 0 else 1
+    out = torch.zeros(rows, n, dtype=w.dtype, device=w.device)
+    return out.scatter_add_(1, j.view(rows, -1), w.view(rows, -1)).sum(0)
+
 def _torch_backward_constant(g, x, values, x_min, x_max, S, inner, need_x, need_v):
     "Constant extrapolation: extended bins j = 0 (left of the range), 1..K-1 (segments), K (right of it)."
     K = values.shape[1]
     inv_h = (K - 1) / (x_max - x_min)
-    u = torch.sub(x, x_min).mul_(inv_h).add_(1.0)                         # t + 1 (t exactly as the kernels)
-    j_f = u.clamp(0.0, float(K)).nan_to_num_(1.0).floor_()                 # NaN -> segment 0, like the kernels
-    j = j_f.long()
+    w = torch.sub(x, x_min).mul_(inv_h).add_(1.0).clamp_(0.0, float(K))  # t + 1 (t exactly as the kernels), clamped
+    fe = w.frac() if need_v else None          # share of the bin's right knot (NaN for NaN); bin 0 is set below
+    j = w.nan_to_num_(1.0).long()              # NaN -> segment 0, like the kernels
     sid = _spline_ids(x, S, inner)
-    jj = j if sid is None else j + sid * (K + 1)
+    if sid is not None: j = j.add_(sid * (K + 1))
     gx = gv = None
     if need_x:
         slope = F.pad((values[:, 1:] - values[:, :-1]) * inv_h, (1, 1))   # 0 outside the range
-        gx = slope.reshape(-1).index_select(0, jj).mul_(g)
+        gx = slope.reshape(-1).index_select(0, j).mul_(g)
     if need_v:
         acc = torch.float64 if g.dtype == torch.float64 else torch.float32
-        fe = u.clamp_(1.0, float(K)).sub_(j_f)  # share of the right knot: 1 in bin 0, 0 in bin K, NaN for NaN
         n = S * (K + 1)
-        total = torch.zeros(n, dtype=acc, device=g.device).index_add_(0, jj, g.to(acc)).view(S, K + 1)
-        right = torch.zeros(n, dtype=acc, device=g.device).index_add_(0, jj, fe.mul_(g).to(acc)).view(S, K + 1)
+        total = _bin_sums(j, g.to(acc), n).view(S, K + 1)
+        right = _bin_sums(j, fe.mul_(g).to(acc), n).view(S, K + 1)
+        right[:, 0] = total[:, 0]              # left of the range: everything to knot 0
         gv = (total - right)[:, 1:] + right[:, :-1]
     return gx, gv
 

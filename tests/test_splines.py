@@ -361,6 +361,27 @@ def test_float32_every_table_size(backend, K):
         torch.testing.assert_close(vv.grad, vr.grad, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
+
+@pytest.mark.parametrize("S, K, dim", [(3, 16, 1), (20, 32, 1), (40, 64, -1)])   # S K = 48, 640, 2560: every histogram layout
+def test_float32_bank_gradients_match_the_reference(backend, S, K, dim):
+    "float32 banks through the fused backward (lane-private histograms, per-spline bins) against float64 bincount sums."
+    g = torch.Generator().manual_seed(S)
+    v = torch.randn(S, K, generator=g)
+    shape = (5, S, 301) if dim == 1 else (7, 33, S)
+    x = torch.randn(*shape, generator=g) * 3; x.view(-1)[::89] = float("nan")
+    gy = torch.randn(*shape, generator=g)
+    vv = v.clone().requires_grad_(); xx = x.clone().requires_grad_()
+    (spline_eval(xx, vv, -4, 4, dim=dim) * gy).sum().backward()
+    # reference: each element's (1 - f, f) shares of gy go to its segment's two knots (NaN inputs: segment 0, share NaN)
+    xs = x.movedim(dim, -1).double(); gs = gy.movedim(dim, -1).double()
+    t = ((xs + 4) * (K - 1) / 8).clamp(0, K - 1)
+    i = t.nan_to_num(0).floor().clamp(max=K - 2); f = torch.where(xs.isnan(), xs, t - i)
+    ref = torch.zeros(S, K, dtype=torch.float64)
+    for s in range(S):
+        ii, ff, gg = i[..., s].reshape(-1).long(), f[..., s].reshape(-1), gs[..., s].reshape(-1)
+        ref[s].index_add_(0, ii, gg * (1 - ff)); ref[s].index_add_(0, ii + 1, gg * ff)
+    torch.testing.assert_close(vv.grad.double(), ref, rtol=1e-5, atol=1e-4, equal_nan=True)
+
 # ---- issue 14: concurrent saves, checksums, early validation ----
 
 @pytest.mark.parametrize("suffix", [".json", ".safetensors"])

@@ -127,35 +127,53 @@ static void fwd_run_avx(const float* x, const float* vpad, const float* dpad, fl
   }
 }
 
+static inline __m256 hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }   // lanes 8-15
+
+// The whole backward for a run of float32 elements in one pass, 16 at a time: locate once, write the input
+// gradient (slope table in registers), and add each element's (g, g f) pair into the histograms of its lane.
+// Lane l of an even vector adds into the sub-histogram at lane_off[l], of an odd vector at lane_off[16 + l]
+// (32 distinct copies while they fit in L1: lane-private), so neighbouring elements that land in the same bin
+// never wait on one another's store; the pairs and the bin offsets are computed 16 at a time in vector
+// registers, leaving one load-add-store of a double pair per element.
 template <int NP>
-static void bwd_x_run_avx(const float* g, const float* x, const float* spad, float* gx, int64_t n, int K,
-                          float x_min, float inv_h, bool linear) {
+static void bwd_run_avx(const float* g, const float* x, const float* spad, float* gx, int64_t n, int K,
+                        float x_min, float inv_h, bool linear, bool need_x, bool need_v, double* hs,
+                        const int32_t* lane_off) {
   const RegTable<NP> Sl(spad);
   const __m512 vmin = _mm512_set1_ps(x_min), vinv = _mm512_set1_ps(inv_h), top = _mm512_set1_ps((float)(K - 1));
   const __m512i imax = _mm512_set1_epi32(K - 2);
+  const __m512i lanes0 = _mm512_loadu_si512((const void*)lane_off), lanes1 = _mm512_loadu_si512((const void*)(lane_off + 16));
+  bool odd = false;   // even and odd vectors use different sub-histograms: a bin's chain is 32 elements long
+  const __m512i ilo = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), ihi = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+  alignas(64) int32_t off[16]; alignas(64) double pr[32];
   for (int64_t q = 0; q < n; q += 16) {
     const __mmask16 m = tail_mask(n, q);
-    const Loc16 L = locate16(_mm512_maskz_loadu_ps(m, x + q), vmin, vinv, top, imax);
-    __mmask16 keep = m;
-    if (!linear) keep &= (_mm512_cmp_ps_mask(L.t, _mm512_setzero_ps(), _CMP_GE_OQ) & _mm512_cmp_ps_mask(L.t, top, _CMP_LT_OQ))
-                         | _mm512_cmp_ps_mask(L.t, L.t, _CMP_UNORD_Q);
-    const __m512 r = _mm512_maskz_mul_ps(keep, _mm512_maskz_loadu_ps(m, g + q), Sl(L.i));
-    _mm512_mask_storeu_ps(gx + q, m, r);
-  }
-}
-
-static void bwd_locate_run_avx(const float* x, int* idx, float* fr, int64_t n, int K, float x_min, float inv_h,
-                               bool linear) {
-  const __m512 vmin = _mm512_set1_ps(x_min), vinv = _mm512_set1_ps(inv_h), top = _mm512_set1_ps((float)(K - 1));
-  const __m512i imax = _mm512_set1_epi32(K - 2);
-  for (int64_t q = 0; q < n; q += 16) {
-    const __mmask16 m = tail_mask(n, q);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + q);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + q), gv = _mm512_maskz_loadu_ps(m, g + q);
     const Loc16 L = locate16(xv, vmin, vinv, top, imax);
+    if (need_x) {
+      __mmask16 keep = m;
+      if (!linear) keep &= (_mm512_cmp_ps_mask(L.t, _mm512_setzero_ps(), _CMP_GE_OQ) & _mm512_cmp_ps_mask(L.t, top, _CMP_LT_OQ))
+                           | _mm512_cmp_ps_mask(L.t, L.t, _CMP_UNORD_Q);
+      _mm512_mask_storeu_ps(gx + q, m, _mm512_maskz_mul_ps(keep, gv, Sl(L.i)));
+    }
+    if (!need_v) continue;
     __m512 f = _mm512_sub_ps(linear ? L.t : L.tc, L.fi);
-    f = _mm512_mask_mov_ps(f, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);
-    _mm512_mask_storeu_epi32(idx + q, m, L.i);
-    _mm512_mask_storeu_ps(fr + q, m, f);
+    f = _mm512_mask_mov_ps(f, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);           // NaN in: NaN share
+    _mm512_store_si512((__m512i*)off, _mm512_add_epi32(odd ? lanes1 : lanes0, _mm512_slli_epi32(L.i, 1)));
+    odd = !odd;
+    const __m512d g0 = _mm512_cvtps_pd(_mm512_castps512_ps256(gv)), g1 = _mm512_cvtps_pd(hi8(gv));
+    const __m512d r0 = _mm512_mul_pd(g0, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
+    const __m512d r1 = _mm512_mul_pd(g1, _mm512_cvtps_pd(hi8(f)));
+    _mm512_store_pd(pr, _mm512_permutex2var_pd(g0, ilo, r0));        // (g, g f) of lanes 0-3
+    _mm512_store_pd(pr + 8, _mm512_permutex2var_pd(g0, ihi, r0));    // lanes 4-7
+    _mm512_store_pd(pr + 16, _mm512_permutex2var_pd(g1, ilo, r1));   // lanes 8-11
+    _mm512_store_pd(pr + 24, _mm512_permutex2var_pd(g1, ihi, r1));   // lanes 12-15
+    if (n - q >= 16) {
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
+    } else {
+      for (int l = 0; l < (int)(n - q); ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
+    }
   }
 }
 #endif
@@ -210,10 +228,15 @@ static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv,
   const T* slp = sl.data();
   const int64_t SK = S * K;
   const int nt = at::get_num_threads();
-  // NSUB interleaved sub-histograms per thread break the add->add dependency chains on hot bins
-  constexpr int NSUB = 4;
+  // NSUB interleaved sub-histograms per thread break the add->add dependency chains on hot bins: 32 (one per
+  // vector lane, for even and odd vectors) while they fit in the L1 cache (S K <= 64: 32 KiB a thread), 16 while
+  // they fit in L2 (S K <= 512: 128 KiB), else 4
+  constexpr int NSUB_LOOP = 4;                        // the scalar loop's interleave (it uses subs 0..3)
+  const int NSUB = SK <= 64 ? 32 : SK <= 512 ? 16 : NSUB_LOOP;
   constexpr int64_t BLOCK = 2048;
   const size_t per_thread = (size_t)NSUB * 2 * SK;   // [sub][SK][total, right]
+  int32_t lane_off[32];                               // sub-histogram of lane l (even vectors) and 16 + l (odd), in doubles
+  for (int l = 0; l < 32; ++l) lane_off[l] = (int32_t)((l % NSUB) * 2 * SK);
   std::vector<double> hist(need_v ? (size_t)nt * per_thread : 0, 0.0);
   at::parallel_for(0, N, 16384, [&](int64_t begin, int64_t end) {
     double* h = need_v ? hist.data() + (size_t)at::get_thread_num() * per_thread : nullptr;
@@ -221,31 +244,26 @@ static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv,
     for_runs(begin, end, S, inner, [&](int64_t j0, int64_t n0, int64_t s) {
       for (int64_t b = 0; b < n0; b += BLOCK) {
         const int64_t j = j0 + b, n = std::min(BLOCK, n0 - b);
-        bool done = false;
 #if defined(__AVX512F__)
         if constexpr (std::is_same<T, float>::value) {
-          if (K <= 128) {
-            if (need_x) {
-              const float* sp = slp + s * KS;
-              if (K <= 32) bwd_x_run_avx<1>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear);
-              else if (K <= 64) bwd_x_run_avx<2>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear);
-              else bwd_x_run_avx<4>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear);
-            }
-            if (need_v) bwd_locate_run_avx(x + j, idx, fr, n, K, x_min, inv_h, linear);
-            done = true;
+          if (K <= 128) {   // one fused pass: input gradient and lane-private histograms
+            const float* sp = slp + s * KS;
+            double* hs = need_v ? h + 2 * s * K : nullptr;
+            if (K <= 32) bwd_run_avx<1>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            else if (K <= 64) bwd_run_avx<2>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            else bwd_run_avx<4>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            continue;
           }
         }
 #endif
-        if (!done) {
-          if (need_x) bwd_x_run<T>(g + j, x + j, slp + s * KS, gx + j, n, K, x_min, inv_h, linear);
-          if (need_v) bwd_locate_run<T>(x + j, idx, fr, n, K, x_min, inv_h, linear);
-        }
+        if (need_x) bwd_x_run<T>(g + j, x + j, slp + s * KS, gx + j, n, K, x_min, inv_h, linear);
+        if (need_v) bwd_locate_run<T>(x + j, idx, fr, n, K, x_min, inv_h, linear);
         if (!need_v) continue;
         const T* gj = g + j;
         double* hs = h + 2 * s * K;   // this spline's bins in sub-histogram 0; sub u is at + u * 2 * SK
         int64_t q = 0;
-        for (; q + NSUB <= n; q += NSUB) {
-          for (int u = 0; u < NSUB; ++u) {   // (total, right) pairs: one 128-bit load-fma-store per element
+        for (; q + NSUB_LOOP <= n; q += NSUB_LOOP) {
+          for (int u = 0; u < NSUB_LOOP; ++u) {   // (total, right) pairs: one 128-bit load-fma-store per element
             double* p = hs + (size_t)u * 2 * SK + 2 * idx[q + u];
             const double gq = (double)gj[q + u], fq = (double)fr[q + u];
 #if defined(__SSE2__)
