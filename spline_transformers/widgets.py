@@ -16,8 +16,8 @@ __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_f
            'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
            'TrainingMonitor']
 
-# %% ../nbs/30_widgets.ipynb #43af36f6
-import json
+# %% ../nbs/30_widgets.ipynb #26ed9685
+import json, base64
 from copy import deepcopy
 from pathlib import Path
 import traitlets
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 import plotly.io as pio
 import ipywidgets as W
+import anywidget
 from IPython.display import display
 from fastcore.basics import patch
 from .splines import LinearSpline, SplineBank, init_values, reference_function as _reference, REFERENCES as SPLINE_REFERENCES
@@ -205,10 +206,22 @@ def static_editor_html(
     return (f'<div class="spline-editor-static"><p><em>{note}</em> '
             f'<button id="{pid}-reset" type="button">reset</button></p>{div}</div>')
 
-# %% ../nbs/30_widgets.ipynb #2fa56ee4
+# %% ../nbs/30_widgets.ipynb #a6622af5
 _BUNDLE_KEY = f"spline_transformers.plotly_widget.{plotly.__version__}"
 
-_SHIM_ESM = """
+_PAUSE_GUARD_JS = """
+// plotly.js rejects the promise of an animation that is interrupted (what Pause does to Play), and its updatemenu
+// buttons leave that rejection unhandled: the console logs an uncaught error on every Pause. Within a second of a
+// click on such a button, an unhandled rejection without a reason is that one: it is marked handled.
+if (!globalThis[Symbol.for("spline_transformers.pause_guard")]) {
+  globalThis[Symbol.for("spline_transformers.pause_guard")] = true;
+  let clicked = -Infinity;
+  document.addEventListener("click", (e) => { if (e.target.closest && e.target.closest(".updatemenu-button")) clicked = performance.now(); }, true);
+  window.addEventListener("unhandledrejection", (e) => { if (e.reason === undefined && performance.now() - clicked < 1000) e.preventDefault(); });
+}
+"""
+
+_SHIM_ESM = _PAUSE_GUARD_JS + """
 // Load plotly's widget bundle once per page, whatever the number of figures, and return from initialize at once
 // (anywidget gives initialize 2 s; a figure that misses it ignores the kernel from then on).
 const KEY = Symbol.for(%(key)s);
@@ -260,7 +273,11 @@ def _plotly_bundle()->str:
     return _BUNDLE_CACHE["js"]
 
 def plain(x):
-    "`x` with every numpy array, tensor and tuple inside it (dicts, lists) turned into plain lists."
+    "`x` with every numpy array, tensor, tuple and plotly typed array (`{dtype, bdata}`) inside it turned into plain lists."
+    if isinstance(x, dict) and "bdata" in x and "dtype" in x:     # what plotly 7's `to_plotly_json` makes of an array
+        a = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
+        shape = x.get("shape", a.shape)
+        return plain(a.reshape(tuple(int(n) for n in shape.split(",")) if isinstance(shape, str) else shape))
     if isinstance(x, dict): return {k: plain(v) for k, v in x.items()}
     if torch.is_tensor(x): x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray): return x.tolist()
@@ -640,7 +657,7 @@ def _merge_still_frames(fig):
     fig.layout.meta = {**fig.layout.meta, "stages": [stages[i] for i in keep]}
     return fig
 
-# %% ../nbs/30_widgets.ipynb #83bbc2ae
+# %% ../nbs/30_widgets.ipynb #3dacec09
 class AnimationOutput:
     "Display a plotly figure with frames as plotly JSON (frames included, for JupyterLab) and an HTML div (for the site)."
     def __init__(self, fig:go.Figure, height:int=520): self.fig, self.height = fig, height
@@ -649,6 +666,10 @@ class AnimationOutput:
         d["layout"] = {"height": self.height, **d.get("layout", {}), "autosize": True}   # a resize keeps the height
         bundle = BookRenderer(config={"displaylogo": False, "responsive": True}).to_mimebundle(d)
         return {**bundle, "text/plain": f"<animation: {len(self.fig.frames)} frames>"}
+
+class _PageGuard(anywidget.AnyWidget):
+    "An invisible widget whose JavaScript keeps plotly's Pause from logging an uncaught error (see `_PAUSE_GUARD_JS`)."
+    _esm = _PAUSE_GUARD_JS + "\nexport default { render() {} };\n"
 
 class CollapsePlayer:
     "Build an exact interpolator for a random dataset and play its token trajectories; controls rebuild it live."
@@ -666,7 +687,7 @@ class CollapsePlayer:
         self.status, self.out = W.HTML(), W.Output()
         self.rebuild()
         self.widget = W.VBox([W.HBox(list(self.controls.values())[:3]), W.HBox(list(self.controls.values())[3:] + [self.button]),
-                              self.status, self.out])
+                              self.status, self.out, _PageGuard()])
 
     def rebuild(self, **kw):
         "Rebuild for the current controls (keyword arguments set them first); the animation is replaced."

@@ -209,7 +209,9 @@ def test_no_numpy_arrays_reach_a_figure_widget(spline):
     ed.move_slider(3, 1.0); ed.select("spline"); ed.drag_knot(2, 0.5)
     for f in (ed.fig, ed.effect_fig):
         for t in f.data:
-            for k, v in t.to_plotly_json().items(): assert not isinstance(v, np.ndarray), (k, type(v))
+            for k in ("x", "y"): assert t[k] is None or isinstance(t[k], (list, tuple)), (k, type(t[k]))
+        for t in f._widget_data:
+            for k in ("x", "y"): assert k not in t or isinstance(t[k], (list, tuple)), (k, t[k])
         # what the browser sends back after drawing: its defaults for every trace (here: the drawn x and y as lists)
         deltas = [{"uid": t.uid, "x": list(t.x) if t.x is not None else None, "y": list(t.y)} for t in f.data]
         f._handler_js2py_traceDeltas({"new": {"trace_deltas": [{k: v for k, v in d.items() if v is not None} for d in deltas],

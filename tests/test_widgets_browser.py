@@ -205,6 +205,8 @@ def _editor_matches_kernel(page, prefix, name):
         const d = g[0]._fullData, close = (a, b) => Math.abs(a - b) < 1e-5;
         const y = Array.from(d[1].y);
         if (y.length !== k.y.length || y.some((v, i) => !close(v, k.y[i]))) bad.push('curve ' + JSON.stringify(y.slice(0, 40)) + ' != kernel ' + JSON.stringify(k.y.slice(0, 40)));
+        const rx = Array.from(d[0].x);            // the dashed reference spans the knots
+        if (!rx.length || !close(rx[0], k.x[0]) || !close(rx[rx.length - 1], k.x[k.x.length - 1])) bad.push('reference curve spans ' + rx[0] + '..' + rx[rx.length - 1]);
         const sh = g[0].layout.shapes.slice(0, k.y.length);
         if (sh.some((s, i) => !close(s.yanchor, k.y[i]) || !close(s.xanchor, k.x[i]))) bad.push('knot circles off the curve');
         if (!close(d[2].x[0], k.x[k.sel]) || !close(d[2].y[0], k.y[k.sel])) bad.push('selected-knot marker ' + d[2].x[0] + ',' + d[2].y[0] + ' not on knot ' + k.sel);
@@ -323,13 +325,13 @@ def test_widgets_chapter_live_in_jupyterlab(browser):
         # (5) resize the notebook area (sidebar and log console): no figure changes height
         heights = _plot_heights(page)
         assert min(heights) >= 250, heights
-        for cmd in ("application:toggle-left-area", "logconsole:open", "application:toggle-left-area", "application:toggle-bottom-area"):
-            page.evaluate(f"() => window.jupyterapp.commands.execute({json.dumps(cmd)})")
+        close_down = "() => { for (const w of [...window.jupyterapp.shell.widgets('down')]) w.close(); }"
+        for js in ("() => window.jupyterapp.commands.execute('application:toggle-left-area')",
+                   "() => window.jupyterapp.commands.execute('logconsole:open')",          # the Log Console, below
+                   "() => window.jupyterapp.commands.execute('application:toggle-left-area')", close_down,
+                   "() => window.jupyterapp.commands.execute('logconsole:open')", close_down):
+            page.evaluate(js)
             page.wait_for_timeout(1500)
-        page.evaluate("() => window.jupyterapp.commands.execute('logconsole:open')")
-        page.wait_for_timeout(1500)
-        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-bottom-area')")
-        page.wait_for_timeout(1500)
         assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
         _shot(page, "item5_animation_after_resize", "AnimationOutput(anim3)")
 
