@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from fastcore.basics import patch
+
 
 # %% ../nbs/05_tasks.ipynb #a1a76443
 from .core import Batch, model_device, check_int, check_pair, check_fraction
@@ -228,162 +230,179 @@ class Task:
         reg = region_of(problem_hash(np.array([ids]), np.array([len(ids)]), self.seed), self.test_frac, self.arch_frac)
         return REGIONS[int(reg[0])]
 
-    def sample(self, split:str, n:int, rng:np.random.Generator) -> Problems:
-        "`n` random problems of `split` drawn with the numpy generator `rng`."
-        self._check_split(split)
+
+# %% ../nbs/05_tasks.ipynb #c0d81de3
+@patch
+def sample(self:Task, split:str, n:int, rng:np.random.Generator) -> Problems:
+    "`n` random problems of `split` drawn with the numpy generator `rng`."
+    self._check_split(split)
+    allowed = _ALLOWED_REGIONS[split]
+    parts, have, tried, rate = [], 0, 0, self._accept_rate(allowed)
+    while have < n:
+        m = min(int(math.ceil((n - have) / rate * 1.1)) + 16, 1 << 16)
+        P = self._draw(m, rng, split)
+        parts.append(P); have += len(P); tried += m
+        self._check_not_empty(split, have, tried, n)
+    return Problems.cat(parts).take(slice(0, n))
+
+@patch
+def _check_not_empty(self:Task, split, have, tried, n):
+    "Fail clearly when a split's region holds (almost) no problems: tiny problem spaces can leave it empty."
+    if (have == 0 and tried >= 50_000) or tried > 200 * (n / self._accept_rate(_ALLOWED_REGIONS[split])) + 1_000_000:
+        raise RuntimeError(f"{self.name}: split {split!r} is empty or nearly so ({have} of {tried} drawn problems fell in it); "
+                           f"the problem space is too small for the hash partition: increase the problem sizes, or test_frac/arch_frac")
+
+@patch
+def batch(
+    self:Task,
+    split:str, # "weights", "arch", "train", "test" or "ood"
+    batch_size:int, # number of sequences
+    generator:torch.Generator=None, # a CPU torch.Generator, the source of randomness (torch's global one when None)
+    pad_to:int=None, # pad x, y, mask to this many columns (default: the longest sequence in the batch)
+) -> Batch:
+    "A random batch of `split`, right-padded with `pad_id` (mask False there)."
+    batch_size = check_int("batch_size", batch_size, 1)
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))   # None: torch's global RNG
+    return self.sample(split, batch_size, rng).to_batch(pad_to)
+
+@patch
+def eval_problems(self:Task, split:str, n:int=None) -> Problems:
+    "The fixed evaluation problems of `split` (the first `n`, default `eval_size`); the same for every call."
+    self._check_split(split)
+    n = self.eval_size if n is None else check_int("n", n, 1)
+    P = self._cache.get(split)
+    if P is None or len(P) < n:
+        parts, have, k = ([P], len(P), self._cache.get((split, "k"), 0)) if P is not None else ([], 0, 0)
         allowed = _ALLOWED_REGIONS[split]
-        parts, have, tried, rate = [], 0, 0, self._accept_rate(allowed)
         while have < n:
-            m = min(int(math.ceil((n - have) / rate * 1.1)) + 16, 1 << 16)
-            P = self._draw(m, rng, split)
-            parts.append(P); have += len(P); tried += m
-            self._check_not_empty(split, have, tried, n)
-        return Problems.cat(parts).take(slice(0, n))
+            rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], k]); k += 1
+            Q = self._draw(self._chunk, rng, split)
+            parts.append(Q); have += len(Q)
+            self._check_not_empty(split, have, k * self._chunk, n)
+        P = self._cache[split] = Problems.cat(parts); self._cache[(split, "k")] = k
+    return P.take(slice(0, n))
 
-    def _check_not_empty(self, split, have, tried, n):
-        "Fail clearly when a split's region holds (almost) no problems: tiny problem spaces can leave it empty."
-        if (have == 0 and tried >= 50_000) or tried > 200 * (n / self._accept_rate(_ALLOWED_REGIONS[split])) + 1_000_000:
-            raise RuntimeError(f"{self.name}: split {split!r} is empty or nearly so ({have} of {tried} drawn problems fell in it); "
-                               f"the problem space is too small for the hash partition: increase the problem sizes, or test_frac/arch_frac")
+@patch
+def eval_set(self:Task, split:str, n:int=None, pad_to:int=None) -> Batch:
+    "A fixed, deterministic evaluation batch of `split` (same for every call with the same task seed)."
+    return self.eval_problems(split, n).to_batch(pad_to)
 
-    def batch(
-        self,
-        split:str, # "weights", "arch", "train", "test" or "ood"
-        batch_size:int, # number of sequences
-        generator:torch.Generator=None, # a CPU torch.Generator, the source of randomness (torch's global one when None)
-        pad_to:int=None, # pad x, y, mask to this many columns (default: the longest sequence in the batch)
-    ) -> Batch:
-        "A random batch of `split`, right-padded with `pad_id` (mask False there)."
-        batch_size = check_int("batch_size", batch_size, 1)
-        rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))   # None: torch's global RNG
-        return self.sample(split, batch_size, rng).to_batch(pad_to)
+@patch
+def eval_info(self:Task, split:str, n:int=None) -> pd.DataFrame:
+    "One row per evaluation problem (aligned with `eval_set`): prompt, answer and the task's attributes."
+    return self._frame(self.eval_problems(split, n))
 
-    def eval_problems(self, split:str, n:int=None) -> Problems:
-        "The fixed evaluation problems of `split` (the first `n`, default `eval_size`); the same for every call."
-        self._check_split(split)
-        n = self.eval_size if n is None else check_int("n", n, 1)
-        P = self._cache.get(split)
-        if P is None or len(P) < n:
-            parts, have, k = ([P], len(P), self._cache.get((split, "k"), 0)) if P is not None else ([], 0, 0)
-            allowed = _ALLOWED_REGIONS[split]
-            while have < n:
-                rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], k]); k += 1
-                Q = self._draw(self._chunk, rng, split)
-                parts.append(Q); have += len(Q)
-                self._check_not_empty(split, have, k * self._chunk, n)
-            P = self._cache[split] = Problems.cat(parts); self._cache[(split, "k")] = k
-        return P.take(slice(0, n))
+@patch
+def _frame(self:Task, P):
+    prompts = [self.decode(r[:p]) for r, p in zip(P.tokens, P.prompt_len)]
+    answers = [self.decode(r[p:s]) for r, p, s in zip(P.tokens, P.prompt_len, P.seq_len)]
+    return pd.DataFrame(dict(prompt=prompts, answer=answers, **{k: v for k, v in P.meta.items()}))
 
-    def eval_set(self, split:str, n:int=None, pad_to:int=None) -> Batch:
-        "A fixed, deterministic evaluation batch of `split` (same for every call with the same task seed)."
-        return self.eval_problems(split, n).to_batch(pad_to)
+@patch
+def show(self:Task, split:str="weights", n:int=5) -> pd.DataFrame:
+    "A few decoded problems of `split` (the first `n` of its evaluation set)."
+    return self.eval_info(split, n)
 
-    def eval_info(self, split:str, n:int=None) -> pd.DataFrame:
-        "One row per evaluation problem (aligned with `eval_set`): prompt, answer and the task's attributes."
-        return self._frame(self.eval_problems(split, n))
 
-    def _frame(self, P):
-        prompts = [self.decode(r[:p]) for r, p in zip(P.tokens, P.prompt_len)]
-        answers = [self.decode(r[p:s]) for r, p, s in zip(P.tokens, P.prompt_len, P.seq_len)]
-        return pd.DataFrame(dict(prompt=prompts, answer=answers, **{k: v for k, v in P.meta.items()}))
+# %% ../nbs/05_tasks.ipynb #fcf3c733
+@patch
+@torch.no_grad()
+def _forward(self:Task, model, x, n_models, device):
+    x = x.to(device)
+    if n_models is not None: x = x.unsqueeze(0).expand(n_models, *x.shape).contiguous()
+    logits = model(x)
+    want = tuple(x.shape)
+    if tuple(logits.shape[:-1]) != want:
+        raise ValueError(f"model returned logits of shape {tuple(logits.shape)}; expected {want} + (vocab,)"
+                         + ("" if n_models else " (pass n_models=M for an ensemble that wants (M, B, T) inputs)"))
+    return logits.float()
 
-    def show(self, split:str="weights", n:int=5) -> pd.DataFrame:
-        "A few decoded problems of `split` (the first `n` of its evaluation set)."
-        return self.eval_info(split, n)
+@patch
+@torch.no_grad()
+def correct(self:Task, model, batch:Batch, n_models:int=None, device=None) -> torch.Tensor:
+    "Per-problem teacher-forced correctness: (B,) bool, or (M, B) with `n_models=M`."
+    device = device or model_device(model)
+    pred = self._forward(model, batch.x, n_models, device).argmax(-1).cpu()
+    return ((pred == batch.y) | ~batch.mask).all(-1)
 
-    # --- metrics -------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _forward(self, model, x, n_models, device):
-        x = x.to(device)
-        if n_models is not None: x = x.unsqueeze(0).expand(n_models, *x.shape).contiguous()
-        logits = model(x)
-        want = tuple(x.shape)
-        if tuple(logits.shape[:-1]) != want:
-            raise ValueError(f"model returned logits of shape {tuple(logits.shape)}; expected {want} + (vocab,)"
-                             + ("" if n_models else " (pass n_models=M for an ensemble that wants (M, B, T) inputs)"))
-        return logits.float()
+@patch
+@torch.no_grad()
+def evaluate(
+    self:Task,
+    model, # callable: x (B, T) long -> logits (B, T, V); or (M, B, T) -> (M, B, T, V) with `n_models`
+    split:str, # which split's fixed evaluation set
+    n:int=None, # number of problems (default `eval_size`, or the whole split for finite tasks)
+    batch_size:int=256, # problems per forward pass
+    n_models:int=None, # M: feed x expanded to (M, B, T) and return one dict per model
+    device=None, # where to run (default: the model's device)
+):
+    "Teacher-forced loss, token and sequence accuracy on the answer tokens (sequence accuracy equals greedy-decoding accuracy): a dict, or a list of M dicts with `n_models`."
+    if n_models is not None: n_models = check_int("n_models", n_models, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    device = device or model_device(model)
+    P = self.eval_problems(split, n)
+    was_training = getattr(model, "training", None)
+    if hasattr(model, "eval"): model.eval()
+    try:
+        shape = (n_models,) if n_models else ()
+        loss, tok, seq = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
+        n_tok = 0
+        for i in range(0, len(P), batch_size):
+            b = P.take(slice(i, i + batch_size)).to_batch()
+            logits = self._forward(model, b.x, n_models, device)
+            y, m = b.y.to(device).expand(logits.shape[:-1]), b.mask.to(device).expand(logits.shape[:-1])
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+            hit = logits.argmax(-1) == y
+            loss += (ce * m).sum((-1, -2)).double().cpu()
+            tok += (hit & m).sum((-1, -2)).double().cpu()
+            seq += (hit | ~m).all(-1).sum(-1).double().cpu()
+            n_tok += int(b.mask.sum())
+    finally:
+        if was_training and hasattr(model, "train"): model.train()
+    res = dict(loss=loss / n_tok, token_acc=tok / n_tok, seq_acc=seq / len(P))
+    if n_models is None: return {k: float(v) for k, v in res.items()}
+    return [{k: float(v[j]) for k, v in res.items()} for j in range(n_models)]
 
-    @torch.no_grad()
-    def correct(self, model, batch:Batch, n_models:int=None, device=None) -> torch.Tensor:
-        "Per-problem teacher-forced correctness: (B,) bool, or (M, B) with `n_models=M`."
-        device = device or model_device(model)
-        pred = self._forward(model, batch.x, n_models, device).argmax(-1).cpu()
-        return ((pred == batch.y) | ~batch.mask).all(-1)
+@patch
+def evaluate_by(self:Task, model, split:str, by:str=None, n:int=None, batch_size:int=256) -> pd.DataFrame:
+    "Sequence accuracy per value of a problem attribute (default `size_key`: digits, length, pairs...)."
+    by, batch_size = by or self.size_key, check_int("batch_size", batch_size, 1)
+    info = self.eval_info(split, n)
+    if by not in info.columns: raise ValueError(f"{self.name}: no attribute {by!r}; choose from {list(info.columns[2:])}")
+    P = self.eval_problems(split, n)
+    ok = torch.cat([self.correct(model, P.take(slice(i, i + batch_size)).to_batch()) for i in range(0, len(P), batch_size)])
+    info["correct"] = ok.numpy()
+    return info.groupby(by).correct.agg(n="size", seq_acc="mean").reset_index()
 
-    @torch.no_grad()
-    def evaluate(
-        self,
-        model, # callable: x (B, T) long -> logits (B, T, V); or (M, B, T) -> (M, B, T, V) with `n_models`
-        split:str, # which split's fixed evaluation set
-        n:int=None, # number of problems (default `eval_size`, or the whole split for finite tasks)
-        batch_size:int=256, # problems per forward pass
-        n_models:int=None, # M: feed x expanded to (M, B, T) and return one dict per model
-        device=None, # where to run (default: the model's device)
-    ):
-        "Teacher-forced loss, token and sequence accuracy on the answer tokens (sequence accuracy equals greedy-decoding accuracy): a dict, or a list of M dicts with `n_models`."
-        if n_models is not None: n_models = check_int("n_models", n_models, 1)
-        batch_size = check_int("batch_size", batch_size, 1)
-        device = device or model_device(model)
-        P = self.eval_problems(split, n)
-        was_training = getattr(model, "training", None)
-        if hasattr(model, "eval"): model.eval()
-        try:
-            shape = (n_models,) if n_models else ()
-            loss, tok, seq = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
-            n_tok = 0
-            for i in range(0, len(P), batch_size):
-                b = P.take(slice(i, i + batch_size)).to_batch()
-                logits = self._forward(model, b.x, n_models, device)
-                y, m = b.y.to(device).expand(logits.shape[:-1]), b.mask.to(device).expand(logits.shape[:-1])
-                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
-                hit = logits.argmax(-1) == y
-                loss += (ce * m).sum((-1, -2)).double().cpu()
-                tok += (hit & m).sum((-1, -2)).double().cpu()
-                seq += (hit | ~m).all(-1).sum(-1).double().cpu()
-                n_tok += int(b.mask.sum())
-        finally:
-            if was_training and hasattr(model, "train"): model.train()
-        res = dict(loss=loss / n_tok, token_acc=tok / n_tok, seq_acc=seq / len(P))
-        if n_models is None: return {k: float(v) for k, v in res.items()}
-        return [{k: float(v[j]) for k, v in res.items()} for j in range(n_models)]
+@patch
+@torch.no_grad()
+def generate_answer(self:Task, model, batch:Batch, device=None):
+    "Greedy decoding of every problem's answer from its prompt: (list of answer-token-id lists, (B,) bool correct)."
+    device = device or model_device(model)
+    tokens = torch.cat([batch.x[:, :1], batch.y], 1)
+    B, W = tokens.shape
+    first = batch.mask.float().argmax(1) + 1          # index in `tokens` of the first answer token
+    n_ans = batch.mask.sum(1)
+    buf = tokens.clone()
+    buf[torch.arange(W)[None] >= first[:, None]] = self.pad_id
+    done = torch.zeros(B, dtype=torch.bool)
+    rows = torch.arange(B)
+    for k in range(int(n_ans.max())):
+        active = (k < n_ans) & ~done
+        if not active.any(): break
+        logits = self._forward(model, buf[:, :-1], None, device).cpu()
+        pos = (first + k).clamp(max=W - 1)
+        nxt = logits[rows, pos - 1].argmax(-1)
+        buf[rows[active], pos[active]] = nxt[active]
+        done |= active & (nxt == self.eos_id)
+    answers, correct = [], torch.zeros(B, dtype=torch.bool)
+    for i in range(B):
+        gen = buf[i, first[i]:first[i] + n_ans[i]].tolist()
+        if self.eos_id in gen: gen = gen[:gen.index(self.eos_id) + 1]
+        answers.append(gen)
+        correct[i] = gen == tokens[i, first[i]:first[i] + n_ans[i]].tolist()
+    return answers, correct
 
-    def evaluate_by(self, model, split:str, by:str=None, n:int=None, batch_size:int=256) -> pd.DataFrame:
-        "Sequence accuracy per value of a problem attribute (default `size_key`: digits, length, pairs...)."
-        by, batch_size = by or self.size_key, check_int("batch_size", batch_size, 1)
-        info = self.eval_info(split, n)
-        if by not in info.columns: raise ValueError(f"{self.name}: no attribute {by!r}; choose from {list(info.columns[2:])}")
-        P = self.eval_problems(split, n)
-        ok = torch.cat([self.correct(model, P.take(slice(i, i + batch_size)).to_batch()) for i in range(0, len(P), batch_size)])
-        info["correct"] = ok.numpy()
-        return info.groupby(by).correct.agg(n="size", seq_acc="mean").reset_index()
-
-    @torch.no_grad()
-    def generate_answer(self, model, batch:Batch, device=None):
-        "Greedy decoding of every problem's answer from its prompt: (list of answer-token-id lists, (B,) bool correct)."
-        device = device or model_device(model)
-        tokens = torch.cat([batch.x[:, :1], batch.y], 1)
-        B, W = tokens.shape
-        first = batch.mask.float().argmax(1) + 1          # index in `tokens` of the first answer token
-        n_ans = batch.mask.sum(1)
-        buf = tokens.clone()
-        buf[torch.arange(W)[None] >= first[:, None]] = self.pad_id
-        done = torch.zeros(B, dtype=torch.bool)
-        rows = torch.arange(B)
-        for k in range(int(n_ans.max())):
-            active = (k < n_ans) & ~done
-            if not active.any(): break
-            logits = self._forward(model, buf[:, :-1], None, device).cpu()
-            pos = (first + k).clamp(max=W - 1)
-            nxt = logits[rows, pos - 1].argmax(-1)
-            buf[rows[active], pos[active]] = nxt[active]
-            done |= active & (nxt == self.eos_id)
-        answers, correct = [], torch.zeros(B, dtype=torch.bool)
-        for i in range(B):
-            gen = buf[i, first[i]:first[i] + n_ans[i]].tolist()
-            if self.eos_id in gen: gen = gen[:gen.index(self.eos_id) + 1]
-            answers.append(gen)
-            correct[i] = gen == tokens[i, first[i]:first[i] + n_ans[i]].tolist()
-        return answers, correct
 
 # %% ../nbs/05_tasks.ipynb #91e2db48
 def _ndigits(a:np.ndarray)->np.ndarray:
