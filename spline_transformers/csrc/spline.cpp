@@ -248,10 +248,11 @@ static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv,
         if constexpr (std::is_same<T, float>::value) {
           if (K <= 128) {   // one fused pass: input gradient and lane-private histograms
             const float* sp = slp + s * KS;
+            float* gxj = need_x ? gx + j : nullptr;
             double* hs = need_v ? h + 2 * s * K : nullptr;
-            if (K <= 32) bwd_run_avx<1>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
-            else if (K <= 64) bwd_run_avx<2>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
-            else bwd_run_avx<4>(g + j, x + j, sp, gx + j, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            if (K <= 32) bwd_run_avx<1>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            else if (K <= 64) bwd_run_avx<2>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
+            else bwd_run_avx<4>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
             continue;
           }
         }
