@@ -328,7 +328,7 @@ def forward(self:LinearSpline, x:torch.Tensor)->torch.Tensor:
     "Evaluate the spline elementwise on `x` (any shape, any float dtype; NaN in, NaN out)."
     return spline_eval(x, self.values, self.x_min, self.x_max, self.extrapolate)
 
-# %% ../nbs/01_splines.ipynb #7036e7f9
+# %% ../nbs/01_splines.ipynb #9e5f9fe5
 class SplineBank(nn.Module):
     "`n_splines` learnable linear splines on shared knots; `bank(x, index=s)` or `bank(x, dim=d)`."
     def __init__(self,
@@ -344,12 +344,15 @@ class SplineBank(nn.Module):
         self.n_splines = n_splines
         self.values = nn.Parameter(init_values(init, self.knots).repeat(n_splines, 1))
 
-    h = LinearSpline.h   # the knot spacing
+    @property
+    def h(self): return (self.x_max - self.x_min) / (self.n_knots - 1)
 
     def forward(self, x, index:int|None=None, dim:int|None=None):
         return spline_eval(x, self.values, self.x_min, self.x_max, self.extrapolate, index=index, dim=dim)
 
-    def extra_repr(self): return f"n_splines={self.n_splines}, " + LinearSpline.extra_repr(self)
+    def extra_repr(self):
+        return (f"n_splines={self.n_splines}, n_knots={self.n_knots}, x_min={self.x_min}, x_max={self.x_max}, "
+                f"extrapolate={self.extrapolate!r}")
 
 # %% ../nbs/01_splines.ipynb #b26b7629
 @patch(as_prop=True)
