@@ -116,6 +116,7 @@ def browser():
     with launch() as b: yield b
 
 
+CONSOLE = []                               # console errors so far (reported with a disagreement)
 SHOTS = os.environ.get("WIDGETS_SHOTS")    # a folder: save screenshots of each check there (for a reviewer)
 
 
@@ -229,7 +230,7 @@ def _wait_agree(page, prefix, name, timeout=30):
         bad = _editor_matches_kernel(page, prefix, name)
         if not bad: return
         page.wait_for_timeout(500)
-    raise AssertionError(f"{name}: the page disagrees with the kernel: {bad}")
+    raise AssertionError(f"{name}: the page disagrees with the kernel: {bad}; console errors: {CONSOLE[-5:]}")
 
 
 def _check_after_run_all(page):
@@ -261,6 +262,7 @@ def test_widgets_chapter_live_in_jupyterlab(browser):
     with jupyterlab(CHAPTER) as url:
         page, outside, errors = _open(browser, url)
         console = console_errors(page)
+        CONSOLE[:] = []; page.on("console", lambda m: CONSOLE.append(m.text) if m.type == "error" else None)
         _wait_kernel(page)
         _watch_kernel_errors(page)
         _run_all(page)
