@@ -206,7 +206,7 @@ def static_editor_html(
     return (f'<div class="spline-editor-static"><p><em>{note}</em> '
             f'<button id="{pid}-reset" type="button">reset</button></p>{div}</div>')
 
-# %% ../nbs/30_widgets.ipynb #718e5541
+# %% ../nbs/30_widgets.ipynb #a6622af5
 _BUNDLE_KEY = f"spline_transformers.plotly_widget.{plotly.__version__}"
 
 _PAUSE_GUARD_JS = """
@@ -234,19 +234,10 @@ function bundle(model) {
 }
 const MSGS = ["_py2js_addTraces", "_py2js_deleteTraces", "_py2js_moveTraces", "_py2js_restyle", "_py2js_relayout",
               "_py2js_update", "_py2js_animate", "_py2js_removeLayoutProps", "_py2js_removeTraceProps"];
-const LOADED = performance.now();           // this module is imported once per figure, just after anywidget starts it
 export default () => {
-  let inner = null, ready = null, resynced = Promise.resolve();
+  let inner = null, ready = null;
   return {
     initialize({model, experimental}) {
-      // anywidget drops every kernel message for good once a figure missed its 2 s start; take the messages directly
-      // (the handler anywidget wraps), and if this figure started late, ask the kernel for its state again
-      const direct = Object.getPrototypeOf(Object.getPrototypeOf(model))._handle_comm_msg;
-      if (model.comm && direct) model.comm.on_msg((msg) => direct.call(model, msg));
-      if (model.comm && performance.now() - LOADED > 1000) {
-        resynced = new Promise(resolve => { model.once("change:_widget_data", resolve); setTimeout(resolve, 5000); });
-        model.comm.send({method: "request_state"}, {});
-      }
       const early = [];                       // kernel messages that arrive before the bundle: replayed in order
       const keep = (name) => () => { const v = model.get(name); if (v !== null && inner === null) early.push([name, v]); };
       const keepers = MSGS.map(name => [name, keep(name)]);
@@ -263,7 +254,6 @@ export default () => {
     },
     async render(ctx) {
       const def = await ready, el = ctx.el;
-      await resynced;
       const cleanup = await def.render(ctx);
       // the view is drawn before it is in the page (plotly then falls back to 700 px): fit the width once it is, and
       // on every later resize (plotly's own handler, which skips a hidden figure)
