@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core import build_cpp_extension, check_option  # check_option stays importable from here
-from .splines import kernel_source
+from .core import build_cpp_extension, check_option, kernel_source  # check_option stays importable from here
+
 
 # %% ../nbs/02_attention.ipynb #4cb4af7e
 def attend(
@@ -149,7 +149,7 @@ _kernel_state = {"requested": "auto", "module": None, "reason": None, "lock": th
 def set_attention_kernel(name:str="auto"):
     "Choose how spline-kernel attention computes its weights: 'auto' (fused C++ on CPU when it builds), 'cpp' or 'torch'."
     name = str(name).strip().lower()
-    if name not in KERNELS: raise ValueError(f"unknown attention kernel {name!r}; valid values are {', '.join(map(repr, KERNELS))}")
+    check_option(name, KERNELS, "attention kernel")
     _kernel_state["requested"] = name
     return name
 

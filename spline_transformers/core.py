@@ -14,8 +14,8 @@ from typing import NamedTuple, Optional, Union
 # %% auto #0
 __all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FLAGS', 'tune_malloc', 'check_option', 'check_int',
            'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
-           'atomic_write', 'remove_stale_temps', 'sha256_hex', 'FolderInUse', 'FolderLock', 'from_dict',
-           'cpp_extension_name', 'build_cpp_extension']
+           'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'FolderInUse', 'FolderLock',
+           'from_dict', 'kernel_source', 'cpp_extension_name', 'build_cpp_extension']
 
 # %% ../nbs/00_core.ipynb #3decd95d
 PROCESS_ENV = "SPLINE_TRANSFORMERS_PROCESS"   # "default": leave OpenMP's wait policy and glibc's heap alone
@@ -44,15 +44,17 @@ MALLOC_TUNED = tune_malloc()   # done once, at import
 import numpy as np
 import torch
 
-# %% ../nbs/00_core.ipynb #1390fb0c
+# %% ../nbs/00_core.ipynb #3f17d37e
 def check_option(
     value:str, # the option given
     valid:tuple, # the names allowed
     what:str, # what the option is, for the message
+    also:str="", # other kinds of value the caller accepts, for the message (e.g. "a number or a callable")
 )->str:
     "Return `value` if it is one of `valid`, else raise a `ValueError` that lists the valid names."
     if not isinstance(value, str) or value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid values are {', '.join(repr(v) for v in valid)}")
+        raise ValueError(f"unknown {what} {value!r}; valid values are {', '.join(repr(v) for v in valid)}"
+                         + (f", or {also}" if also else ""))
     return value
 
 def _as_int(v):
@@ -159,7 +161,7 @@ def resolve_device(
         raise ValueError(f"device={device!r}: only 'cpu', 'cuda', 'cuda:N' and 'mps' are supported")
     return dev
 
-# %% ../nbs/00_core.ipynb #87abc15b
+# %% ../nbs/00_core.ipynb #c2b02c8e
 TEMP_MARK = ".tmp-"   # temporary files are named .<target>.tmp-<pid>-<random>
 
 def fsync_dir(folder:Union[str,Path]):
@@ -213,6 +215,18 @@ def remove_stale_temps(
 def sha256_hex(data:bytes)->str:
     "The SHA-256 of `data`, as hex."
     return hashlib.sha256(data).hexdigest()
+
+def tensor_digest(
+    tensors:dict, # name -> tensor
+    header:str="", # text hashed first (e.g. the file's metadata), so that it is covered too
+)->str:
+    "SHA-256 (hex) of `header` and named tensors (name, dtype, shape and bytes, in name order): the checksum of every file of tensors."
+    h = hashlib.sha256(header.encode())
+    for k in sorted(tensors):
+        t = tensors[k].detach().cpu().contiguous()
+        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 # %% ../nbs/00_core.ipynb #d80d1e54
 class FolderInUse(RuntimeError):
@@ -276,8 +290,15 @@ def from_dict(
     try: return cls(**d)
     except TypeError as e: raise ValueError(f"cannot build a {cls.__name__} from {sorted(d)}: {e}") from None
 
-# %% ../nbs/00_core.ipynb #6e909a3a
+# %% ../nbs/00_core.ipynb #fa1b9af0
 CPP_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
+
+def kernel_source(
+    name:str, # a file in the package's `csrc/` folder, e.g. "spline.cpp"
+)->str:
+    "The text of a C++ kernel source shipped with the package (`spline_transformers/csrc/`)."
+    import importlib.resources
+    return (importlib.resources.files("spline_transformers") / "csrc" / name).read_text(encoding="utf-8")
 
 def cpp_extension_name(
     prefix:str, # extension name prefix

@@ -29,7 +29,7 @@ import plotly.io as pio
 from .model import TransformerConfig
 from .ensemble import Ensemble
 from .model import Nonlinearities
-from .core import atomic_write, remove_stale_temps
+from .core import atomic_write, check_option, remove_stale_temps
 from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state
 from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, TransferCell, transfer_cells, run_cell,
                                            cell_name, check_disjoint_seeds, TRANSFER_SEEDS,
@@ -200,7 +200,7 @@ def init_distributed(
     if _env_int("WORLD_SIZE", 1) <= 1 and "MASTER_ADDR" not in os.environ: return DistInfo(0, 1, 0, None, "cpu")
     if not dist.is_available(): raise RuntimeError("this PyTorch build has no torch.distributed; install a build with it to run on several processes")
     backend = backend or default_backend()
-    if backend not in BACKENDS: raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    check_option(backend, BACKENDS, "backend")
     if backend == "nccl" and not torch.cuda.is_available():
         raise RuntimeError("backend='nccl' needs CUDA GPUs and none is visible; use backend='gloo' (or leave backend=None) on CPU")
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]

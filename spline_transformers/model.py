@@ -40,7 +40,7 @@ def _check_init(init, what):
     "A spline init as the config keeps it: a known name, a finite number (as a float) or a callable."
     if callable(init): return init
     if isinstance(init, str):
-        if init not in INITS: raise ValueError(f"{what}={init!r} is not one of {', '.join(map(repr, INITS))}; give one of them, a number, or a callable")
+        check_option(init, INITS, what, also="a number or a callable")
         return init
     if isinstance(init, (bool, np.bool_)) or not isinstance(init, (numbers.Real, torch.Tensor)):
         raise ValueError(f"{what}={init!r}: give a name ({', '.join(map(repr, INITS))}), a number, or a callable")
@@ -375,9 +375,7 @@ DETACH = (None, "nonlinearities", "weights")  # what `forward(..., detach=)` can
 
 def check_detach(detach:Optional[str])->Optional[str]:
     "`detach` if it is one of `DETACH`, else a `ValueError` listing them."
-    if detach is not None and detach not in DETACH:
-        raise ValueError(f"unknown detach {detach!r}; valid values are {', '.join(map(repr, DETACH))}")
-    return detach
+    return None if detach is None else check_option(detach, DETACH[1:], "detach", also="None")
 
 def check_tokens(
     tokens:torch.Tensor, # token ids

@@ -16,7 +16,7 @@ __all__ = ['EXTRAPOLATIONS', 'INITS', 'BACKENDS', 'ENV_BACKEND', 'SPLINE_FORMAT'
            'LinearSpline', 'init_values', 'SplineFunction', 'BackendChoice', 'set_spline_backend', 'spline_backend',
            'spline_eval', 'SplineBank', 'SplineFormatError', 'tensor_checksum', 'save_spline', 'read_safetensors',
            'verify_checksum', 'load_spline', 'ChebyshevApprox', 'to_polynomial', 'reference_function', 'plot_spline',
-           'plot_derivative', 'kernel_source']
+           'plot_derivative']
 
 # %% ../nbs/01_splines.ipynb #56e762dc
 import numpy as np
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 
 # %% ../nbs/01_splines.ipynb #e9c9c86a
-from .core import CPP_FLAGS, atomic_write, build_cpp_extension, check_int, sha256_hex
+from .core import CPP_FLAGS, atomic_write, build_cpp_extension, check_int, check_option, kernel_source, tensor_digest
 
 # %% ../nbs/01_splines.ipynb #b3e63702
 class LinearSpline(nn.Module):
@@ -52,9 +52,7 @@ EXTRAPOLATIONS = ("constant", "linear")
 INITS = ("gelu", "relu", "identity", "zeros", "exp")
 
 def _check_extrapolate(extrapolate):
-    if extrapolate not in EXTRAPOLATIONS:
-        raise ValueError(f"extrapolate={extrapolate!r} is not one of {EXTRAPOLATIONS}")
-    return extrapolate
+    return check_option(extrapolate, EXTRAPOLATIONS, "extrapolate")
 
 def _check_range(n_knots, x_min, x_max):
     "`n_knots` as an int (numpy and 0-d tensor integers accepted); a `ValueError` for a bad count or range."
@@ -82,7 +80,7 @@ def init_values(
     elif isinstance(init, str):
         named = {"gelu": lambda a: F.gelu(a), "relu": torch.relu, "identity": lambda a: a.clone(),
                  "zeros": torch.zeros_like, "exp": lambda a: torch.exp(a - a[-1])}
-        if init not in named: raise ValueError(f"init={init!r} is not one of {INITS} (or pass a float or a callable)")
+        check_option(init, INITS, "init", also="a float or a callable")
         v = named[init](a)
     elif callable(init):
         v = init(a)
@@ -217,16 +215,14 @@ _state = {"requested": None, "warned": set(), "lock": threading.Lock(), "loaded"
 
 def _requested():
     req = _state["requested"] or os.environ.get(ENV_BACKEND, "auto").strip().lower() or "auto"
-    if req not in BACKENDS:
-        raise ValueError(f"spline backend {req!r} (from set_spline_backend or ${ENV_BACKEND}) is not one of {BACKENDS}")
-    return req
+    return check_option(req, BACKENDS, f"spline backend (from set_spline_backend or ${ENV_BACKEND})")
 
 def set_spline_backend(
     name:str="auto", # "auto" | "cpp" | "triton" | "torch"
 ):
     "Choose the spline backend for this process (overrides `$SPLINE_TRANSFORMERS_BACKEND`)."
     name = str(name).strip().lower()
-    if name not in BACKENDS: raise ValueError(f"spline backend {name!r} is not one of {BACKENDS}")
+    check_option(name, BACKENDS, "spline backend")
     _state["requested"] = name
     return name
 
@@ -378,12 +374,7 @@ def tensor_checksum(
     meta:dict, # the string metadata stored with them (any "sha256" entry is left out)
 )->str:
     "SHA-256 (hex) of named tensors (dtype, shape and bytes, in name order) and their metadata, for result files."
-    parts = [json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True).encode()]
-    for k in sorted(tensors):
-        t = tensors[k].detach().cpu().contiguous()
-        parts.append(f"|{k}|{t.dtype}|{tuple(t.shape)}|".encode())
-        parts.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return sha256_hex(b"".join(parts))
+    return tensor_digest(tensors, json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True))
 
 def save_spline(
     spline,          # a `LinearSpline` or `SplineBank`
@@ -570,7 +561,7 @@ def reference_function(
     "A (name, function) pair for a reference curve, or (None, None)."
     if reference is None: return None, None
     if callable(reference): return getattr(reference, "__name__", "reference"), reference
-    if reference not in REFERENCES: raise ValueError(f"reference={reference!r} is not one of {tuple(REFERENCES)}, None, or a callable")
+    check_option(reference, tuple(REFERENCES), "reference", also="None or a callable")
     if reference == "exp": return f"exp(x − {x_max:g})", lambda x: torch.exp(x - x_max)
     return reference, REFERENCES[reference]
 
@@ -630,12 +621,6 @@ def plot_derivative(
     return fig
 
 # %% ../nbs/01_splines.ipynb #adaa4d48
-def kernel_source(
-    name:str, # a file in the package's `csrc/` folder, e.g. "spline.cpp"
-)->str:
-    "The text of a C++ kernel source shipped with the package (`spline_transformers/csrc/`)."
-    return (importlib.resources.files("spline_transformers") / "csrc" / name).read_text(encoding="utf-8")
-
 CPP_SOURCE = kernel_source("spline.cpp")  # the fused CPU kernel; its text is part of the extension's cache name
 
 # %% ../nbs/01_splines.ipynb #08868589

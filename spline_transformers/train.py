@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save as _st_save, load as _st_load
 from tqdm.auto import tqdm
-from .core import (check_option, resolve_device, atomic_write, remove_stale_temps, FolderLock, FolderInUse,
+from .core import (check_option, tensor_digest, resolve_device, atomic_write, remove_stale_temps, FolderLock, FolderInUse,
                                       from_dict)
 
 # %% ../nbs/07_train.ipynb #d76e673d
@@ -234,20 +234,12 @@ def _unflatten(obj, tensors:dict):
         return {k: _unflatten(v, tensors) for k, v in obj["__dict__"]}
     return obj
 
-def _digest(tensors:dict, tree:str)->str:
-    h = hashlib.sha256(tree.encode())
-    for k in sorted(tensors):
-        t = tensors[k]
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
 # %% ../nbs/07_train.ipynb #4a3d32a3
 def save_state(path:Union[str,Path], state:dict)->Path:
     "Save a nested dict of tensors and JSON values as one safetensors file with a checksum (atomically)."
     tensors = {}
     tree = json.dumps(_flatten(state, tensors, "s"))
-    meta = {"format": CHECKPOINT_FORMAT, "tree": tree, "sha256": _digest(tensors, tree)}
+    meta = {"format": CHECKPOINT_FORMAT, "tree": tree, "sha256": tensor_digest(tensors, tree)}
     return atomic_write(path, _st_save(tensors, metadata=meta))
 
 def _read_header(data:bytes, path)->dict:
@@ -267,7 +259,7 @@ def load_state(path:Union[str,Path])->dict:
         raise CheckpointError(f"{path} is not a spline_transformers checkpoint (format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
     try: tensors = _st_load(data)
     except Exception as e: raise CheckpointError(f"{path} could not be read as safetensors ({e}); the checkpoint is corrupt") from e
-    if _digest(tensors, meta["tree"]) != meta.get("sha256"):
+    if tensor_digest(tensors, meta["tree"]) != meta.get("sha256"):
         raise CheckpointError(f"{path} fails its checksum: the file was corrupted after it was written; use an earlier checkpoint")
     return _unflatten(json.loads(meta["tree"]), tensors)
 
@@ -574,13 +566,8 @@ def data_info(data)->dict:
 
 def frozen_digest(model:nn.Module)->Optional[str]:
     "SHA-256 of the frozen parameters' values (e.g. Phase II's learned nonlinearities), None if there are none."
-    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
-    if not frozen: return None
-    h = hashlib.sha256()
-    for n, p in frozen:
-        t = p.detach().cpu().contiguous()
-        h.update(f"{n}|{t.dtype}|{tuple(t.shape)}".encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    return tensor_digest(frozen) if frozen else None
 
 def default_name(model:nn.Module)->str:
     "An arm name from the model's config: e.g. 'gelu+softmax' or 'spline+spline'."
@@ -642,8 +629,7 @@ def train(
     if len(seeds) != M: raise ValueError(f"got {len(seeds)} seeds for {M} model(s)")
     name = name or default_name(model)
     splits = cfg.eval_splits or default_eval_splits(data)
-    if split not in getattr(data, "splits", (split,)) and split != "train":
-        raise ValueError(f"split={split!r} is not one of {tuple(data.splits)}")
+    if split != "train": check_option(split, tuple(getattr(data, "splits", (split,))), "split")
     model.to(device).train()
     fwd = torch.compile(model) if cfg.compile else model
     opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
