@@ -20,7 +20,12 @@ import torch.nn.functional as F
 from timing import CLOCK
 from nanogpt_ref import GPT, GPTConfig
 from spline_transformers.model import TransformerConfig, Transformer
-from spline_transformers.train import TrainConfig, forward_models, masked_cross_entropy, clip_grad_norm_per_model_, make_optimizer
+from spline_transformers.train import TrainConfig, forward_models, masked_cross_entropy, clip_grad_norm_per_model_
+try: from spline_transformers.train import make_optimizer
+except ImportError:   # the code before issue 17 (for before/after numbers): plain AdamW over the trainer's groups
+    from spline_transformers.train import _param_groups
+    def make_optimizer(model, cfg, groups=None):
+        return torch.optim.AdamW(_param_groups(model, cfg) if groups is None else groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 V, T, B, L, H, D = 65, 64, 12, 4, 4, 128
 
@@ -30,10 +35,12 @@ def ref_step():
     m = GPT(GPTConfig(block_size=T, vocab_size=V, n_layer=L, n_head=H, n_embd=D, dropout=0.0, bias=False))
     opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
     def step(x, y):
-        _, loss = m(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        c = CLOCK[0]
+        t0 = c(); _, loss = m(x, y)
+        t1 = c(); loss.backward()
+        t2 = c(); torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step(); opt.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, c() - t2
     return step
 
 
@@ -46,11 +53,13 @@ def our_step(mlp_act, attn_fn, **kw):
     opt = make_optimizer(m, tc)
     ps = [p for g in opt.param_groups for p in g["params"]]
     def step(x, y):
-        loss = masked_cross_entropy(forward_models(m, x), y, torch.ones_like(y, dtype=torch.bool))
+        c = CLOCK[0]
+        t0 = c(); loss = masked_cross_entropy(forward_models(m, x), y, torch.ones_like(y, dtype=torch.bool))
         opt.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        clip_grad_norm_per_model_(ps, 1.0, 1)
+        t1 = c(); loss.sum().backward()
+        t2 = c(); clip_grad_norm_per_model_(ps, 1.0, 1)
         opt.step()
+        return t1 - t0, t2 - t1, c() - t2
     return step
 
 
@@ -58,8 +67,10 @@ def main():
     ap = argparse.ArgumentParser()
     timing.add_timing_args(ap, rounds=30)
     ap.add_argument("--profile", action="store_true", help="also print each step's top operators (torch.profiler)")
+    ap.set_defaults(threads=1, clock="cpu")   # 1 thread, process CPU time: steady on a busy machine
     a = ap.parse_args()
     timing.start(a)
+    import spline_transformers; print(f"spline_transformers from {spline_transformers.__file__}")
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, V, (B, T + 1), generator=g)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
@@ -69,16 +80,21 @@ def main():
              "Transformer spline/spline": our_step("spline", "spline", mlp_init="gelu", attn_init="exp")}
     for s in steps.values():
         for _ in range(3): s(x, y)
+    parts = ("forward+loss", "backward", "clip+AdamW")
     times = {k: [] for k in steps}
     for _ in range(a.rounds):
-        for k, s in steps.items():
-            t0 = CLOCK[0](); s(x, y); times[k].append(CLOCK[0]() - t0)
-    med = {k: (min(v) if a.stat == "min" else sorted(v)[len(v) // 2]) for k, v in times.items()}
-    ref = med["nanoGPT-style reference"]
+        for k, s in steps.items(): times[k].append(s(x, y))
+    med = lambda v: min(v) if a.stat == "min" else sorted(v)[len(v) // 2]
+    total = {k: med([sum(t) for t in v]) for k, v in times.items()}
+    part = {k: [med([t[i] for t in v]) for i in range(3)] for k, v in times.items()}
+    ref = "nanoGPT-style reference"
     print(f"nanoGPT README CPU config: {L} layers, {H} heads, width {D}, context {T}, batch {B}, dropout 0, no biases; "
           f"{a.threads} thread(s), {a.rounds} interleaved rounds")
-    for k, t in med.items(): print(f"  {k:<28} {t * 1e3:7.2f} ms/step   {t / ref:5.2f}x the reference")
-    print("targets: gelu/softmax <= 1.0x, spline MLP (spline/softmax) <= 1.1x")
+    print(f"  {'':<28} {'ms/step':>8} {'ratio':>6}   " + "  ".join(f"{p:>13}" for p in parts) + "   (part ratios to the reference)")
+    for k in steps:
+        pr = "  ".join(f"{1e3 * part[k][i]:6.2f} {part[k][i] / part[ref][i]:5.2f}x" for i in range(3))
+        print(f"  {k:<28} {1e3 * total[k]:8.2f} {total[k] / total[ref]:5.2f}x   {pr}")
+    print("targets: gelu/softmax <= 1.0x, spline MLP (spline/softmax) <= 1.1x the reference's step")
     if a.profile:
         for k, s in steps.items():
             with torch.profiler.profile() as prof:

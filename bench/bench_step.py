@@ -26,7 +26,12 @@ from spline_transformers.ensemble import Ensemble
 from spline_transformers.tasks import get_task
 from spline_transformers.two_phase import demo_config, arch_for, spline_arch, standard_arch
 from spline_transformers.train import (TrainConfig, data_generator, derive_seed, stack_batches, forward_models, masked_cross_entropy,
-                                       clip_grad_norm_per_model_, make_optimizer, evaluate_rows, default_eval_splits)
+                                       clip_grad_norm_per_model_, evaluate_rows, default_eval_splits)
+try: from spline_transformers.train import make_optimizer
+except ImportError:   # the code before issue 17 (for before/after numbers): plain AdamW over the trainer's groups
+    from spline_transformers.train import _param_groups
+    def make_optimizer(model, cfg, groups=None):
+        return torch.optim.AdamW(_param_groups(model, cfg) if groups is None else groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 PARTS = ("batch", "forward", "backward", "optimiser", "evaluation")
 
@@ -128,12 +133,13 @@ def cases(only, compile_):
 def main():
     ap = argparse.ArgumentParser()
     timing.add_timing_args(ap, rounds=10)
-    ap.set_defaults(threads=1)
+    ap.set_defaults(threads=1, clock="cpu")   # 1 thread, process CPU time: steady on a busy machine
     ap.add_argument("--only", choices=["demo", "part2"], default=None)
     ap.add_argument("--eval-every-round", type=int, default=3, help="time an evaluation every this many rounds (they are slow)")
     ap.add_argument("--compile", action="store_true", help="torch.compile each ensemble's forward: compile time, step time, payback")
     a = ap.parse_args()
     timing.start(a)
+    import spline_transformers; print(f"spline_transformers from {spline_transformers.__file__}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     built = {k: f() for k, f in cases(a.only, False).items()}
     comp = {k: f() for k, f in cases(a.only, True).items()} if a.compile else {}
