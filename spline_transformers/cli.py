@@ -532,7 +532,7 @@ def build_parser()->argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Transformers with learned nonlinearities (splines), and exact interpolation.\n"
                                             "Run `spline-transformers demo` for the main job; `spline-transformers COMMAND --help` for each command.")
-    p.add_argument("--threads", type=int_arg(1), default=None, help="CPU threads for PyTorch (default: PyTorch's choice; on a busy machine 1 is often faster)")
+    p.add_argument("--threads", type=int_arg(1), default=None, help="CPU threads for PyTorch (default: 1 for the book's small models, PyTorch's choice for wider ones)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     fmt = HelpFormatter
 
@@ -633,7 +633,8 @@ def main(
     try: a = parser.parse_args(argv)
     except SystemExit as e: return int(e.code or 0)
     sub = f"spline-transformers {a.command}"
-    if a.threads is not None: torch.set_num_threads(a.threads)
+    if a.threads is not None:   # the user's choice: also for the trainer's small-model policy and the demo's arm processes
+        torch.set_num_threads(a.threads); os.environ["SPLINE_TRANSFORMERS_THREADS"] = str(a.threads)
     dist = a.command in ("phase1", "transfer") and is_distributed()
     if dist: sub += f" (rank {os.environ.get('RANK', '?')})"   # every rank reports its own error
     try: code = a.func(a)

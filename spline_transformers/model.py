@@ -6,8 +6,8 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'TransformerConfig', 'spline_layout', 'FixedSpline',
-           'Nonlinearities', 'mlp_activation', 'MLP', 'make_norm', 'Block', 'check_detach', 'check_tokens',
-           'Transformer', 'check_nonlinearities', 'decay_groups', 'future_leak']
+           'Nonlinearities', 'mlp_activation', 'MLP', 'rms_norm', 'RMSNorm', 'make_norm', 'Block', 'check_detach',
+           'check_tokens', 'Transformer', 'check_nonlinearities', 'decay_groups', 'future_leak']
 
 # %% ../nbs/03_model.ipynb #16d6056d
 import json
@@ -351,9 +351,40 @@ class MLP(nn.Module):
         return F.dropout(self.proj(mlp_activation(self.fc(x), self.mlp_act, phi)), self.dropout, self.training)
 
 # %% ../nbs/03_model.ipynb #56d03002
+class _RMSNormFn(torch.autograd.Function):
+    "RMSNorm with per-model gains, forward and backward written out: half the elementwise passes of autograd's."
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+        ctx.save_for_backward(x, rstd, w)
+        return (x * rstd).mul_(w.view(w.shape[0], *([1] * (x.dim() - 2)), w.shape[-1]))
+    @staticmethod
+    def backward(ctx, g):
+        x, rstd, w = ctx.saved_tensors
+        xh = x * rstd
+        gw = (g * xh).reshape(w.shape[0], -1, w.shape[-1]).sum(1) if ctx.needs_input_grad[1] else None
+        gxh = g * w.view(w.shape[0], *([1] * (x.dim() - 2)), w.shape[-1])
+        dot = (gxh * xh).mean(-1, keepdim=True)
+        return gxh.sub_(xh.mul_(dot)).mul_(rstd), gw, None
+
+def rms_norm(
+    x:torch.Tensor, # (M, ..., d): M models' activations
+    weight:torch.Tensor, # (M, d): each model's gains
+    eps:Optional[float]=None, # None: PyTorch's default (the dtype's machine epsilon), as nn.RMSNorm uses
+)->torch.Tensor:
+    "Model m's RMSNorm of x[m] for all m at once; on a CPU with its backward written out (the forward equals `F.rms_norm`'s)."
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype and not torch.is_autocast_enabled("cpu"):
+        return _RMSNormFn.apply(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight.view(weight.shape[0], *([1] * (x.dim() - 2)), weight.shape[-1])
+
+class RMSNorm(nn.RMSNorm):
+    "`nn.RMSNorm` (same parameters and forward) computed by `rms_norm`, so a `Transformer` and an `Ensemble` do the same arithmetic."
+    def forward(self, x): return rms_norm(x.unsqueeze(0), self.weight.unsqueeze(0), self.eps).squeeze(0)
+
 def make_norm(cfg:TransformerConfig)->nn.Module:
     "The normalisation layer named by `cfg.norm`."
-    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+    return RMSNorm(cfg.d_model) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.d_model, bias=cfg.bias)
 
 class Block(nn.Module):
     "A pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."

@@ -7,19 +7,20 @@ Docs: https://spline-transformers.github.io/spline_transformers/train.html.md"""
 # %% ../nbs/07_train.ipynb #64fec61d
 from __future__ import annotations
 import hashlib, json, math, os, sys, time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'POSTFIX_FIRST',
-           'TrainConfig', 'lr_multiplier', 'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models',
-           'masked_cross_entropy', 'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches',
-           'metrics_frame', 'steps_to_threshold', 'CheckpointError', 'save_state', 'load_state', 'TrainingDiverged',
-           'nonfinite_state', 'TrainState', 'checkpoint_path', 'list_checkpoints', 'check_resume', 'find_resume',
-           'autocast', 'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult', 'data_info', 'frozen_digest',
-           'default_name', 'resume_and_run', 'train']
+           'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig', 'lr_multiplier', 'n_models_of', 'is_ensemble',
+           'model_seeds', 'forward_models', 'masked_cross_entropy', 'clip_grad_norm_per_model_', 'derive_seed',
+           'data_generator', 'stack_batches', 'metrics_frame', 'steps_to_threshold', 'CheckpointError', 'save_state',
+           'load_state', 'TrainingDiverged', 'nonfinite_state', 'TrainState', 'checkpoint_path', 'list_checkpoints',
+           'check_resume', 'find_resume', 'autocast', 'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult',
+           'make_optimizer', 'training_threads', 'thread_policy', 'data_info', 'frozen_digest', 'default_name',
+           'resume_and_run', 'train']
 
 # %% ../nbs/07_train.ipynb #dd3a9892
 import numpy as np
@@ -560,6 +561,44 @@ def _shared_parameters(model:nn.Module)->list:
     nl = getattr(model, "nonlinearities", None)
     return [p for p in nl.parameters() if p.requires_grad] if nl is not None else []
 
+def make_optimizer(
+    model:nn.Module, # a Transformer or an Ensemble (its parameters are on the run's device)
+    cfg:TrainConfig, # lr, betas, eps, weight_decay, spline_lr, spline_betas
+    groups:Optional[list]=None, # parameter groups (None: `_param_groups(model, cfg)`)
+)->torch.optim.AdamW:
+    "AdamW over `groups`, fused (one kernel per parameter, not a dozen) wherever PyTorch has the fused kernel."
+    groups = _param_groups(model, cfg) if groups is None else groups
+    ps = [p for g in groups for p in g["params"]]
+    fused = bool(ps) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in ps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **({"fused": True} if fused else {}))
+
+THREADS_ENV = "SPLINE_TRANSFORMERS_THREADS"  # a number of CPU threads for training, or "torch" (PyTorch's own setting)
+SMALL_MODEL_WIDTH = 128  # on a CPU, models this wide or narrower train on one thread by default
+
+def training_threads(
+    model:nn.Module, # the model or ensemble to train
+    device:torch.device, # the run's device
+)->Optional[int]:
+    "CPU threads for training `model`: $SPLINE_TRANSFORMERS_THREADS if set, else 1 for a small model unless OMP_NUM_THREADS is set; None: PyTorch's setting."
+    if torch.device(device).type != "cpu": return None
+    v = os.environ.get(THREADS_ENV, "").strip().lower()
+    if v == "torch": return None
+    if v:
+        if not v.isdigit() or int(v) < 1: raise ValueError(f"{THREADS_ENV}={v!r}: give a number of threads >= 1, or 'torch' for PyTorch's own setting")
+        return int(v)
+    if "OMP_NUM_THREADS" in os.environ: return None   # the user chose
+    width = (_config_dict(model) or {}).get("d_model")
+    return 1 if isinstance(width, int) and width <= SMALL_MODEL_WIDTH else None
+
+@contextmanager
+def thread_policy(model:nn.Module, device:torch.device):
+    "Run the block with `training_threads(model, device)` CPU threads (PyTorch's setting is restored after)."
+    n, old = training_threads(model, device), torch.get_num_threads()
+    if n is not None and n != old: torch.set_num_threads(n)
+    try: yield n
+    finally:
+        if n is not None and n != old: torch.set_num_threads(old)
+
 def data_info(data)->dict:
     "A JSON description of a task or corpus: its name and parameters (what a checkpoint records of the data)."
     return {"name": getattr(data, "name", None), "params": json.loads(json.dumps(getattr(data, "params", {}), default=str))}
@@ -632,7 +671,7 @@ def train(
     if split != "train": check_option(split, tuple(getattr(data, "splits", (split,))), "split")
     model.to(device).train()
     fwd = torch.compile(model) if cfg.compile else model
-    opt = torch.optim.AdamW(_param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    opt = make_optimizer(model, cfg)
     shared_ps = _shared_parameters(model)
     per_model = [p for g in opt.param_groups for p in g["params"] if all(p is not q for q in shared_ps)]
     gens = {f"data.{s}": data_generator(cfg.seed, s) for s in seeds}
@@ -655,6 +694,7 @@ def train(
 
     eval_fn = lambda step: evaluate_rows(model, data, splits, step, name, seeds, cfg.eval_examples, cfg.eval_batch_size, device, cfg.amp)
     t0 = time.perf_counter()
-    start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name)
+    with thread_policy(model, device):   # small models: one thread (a second gains nothing and spins on a busy machine)
+        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name)
     return TrainResult(model, metrics_frame(state.rows), state.step, state.step - start, time.perf_counter() - t0, str(device), cfg,
                        list_checkpoints(cfg.checkpoint_dir))

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/two_phase.html.m
 
 # %% ../nbs/08_two_phase.ipynb #63771f21
 from __future__ import annotations
-import json, math, time
+import json, math, os, subprocess, sys, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -17,7 +17,7 @@ __all__ = ['STANDARD', 'ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRAN
            'phase1', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2', 'baseline',
            'compare', 'corpus_summary', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell', 'TransferMatrix',
            'assemble_transfer', 'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig', 'demo_config',
-           'quick_demo_config', 'DemoResult', 'run_demo']
+           'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -32,7 +32,7 @@ from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
 from .train import (TrainConfig, TrainResult, TrainState, train, resume_and_run,
     data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
-    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast)
+    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy)
 from .viz import seed_band_figure, matrix_heatmap
 
 # %% ../nbs/08_two_phase.ipynb #8e42aaa7
@@ -189,7 +189,7 @@ def phase1(
     nl = ens.nonlinearities.unfreeze()
     spl = list(nl.parameters())
     fwd = torch.compile(ens) if cfg.compile else ens
-    opt_w = torch.optim.AdamW(ens.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    opt_w = make_optimizer(ens, cfg, ens.param_groups(cfg.weight_decay))
     opt_s = torch.optim.Adam(spl, lr=p1.spline_lr, betas=p1.spline_betas, eps=cfg.eps)
     weights = ens.weight_parameters()
     gens = {f"weights.{s}": data_generator(cfg.seed, s, "weights") for s in seeds}
@@ -241,7 +241,8 @@ def phase1(
         return rows
 
     t0 = time.perf_counter()
-    start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
+    with thread_policy(ens, device):   # small models: one thread
+        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
     wall = time.perf_counter() - t0
     final = _spline_copy(nl)
     best_nl, best_step = final, state.step
@@ -637,30 +638,83 @@ class DemoResult:
         atomic_write(out / "config.json", json.dumps({"demo": self.config.to_dict(), "timings": self.timings, **info}, indent=2))
         return out
 
+def _demo_arm(arm:str, c:DemoConfig, source)->TrainResult:
+    "One Phase II arm of the demo: 'learned' (with `source`'s nonlinearities) or 'standard'."
+    task = get_task(c.task, seed=0, **c.task_params)
+    if arm == "learned": return phase2(task, source, c.arch, c.train, seeds=c.seeds, name="learned")
+    return baseline(task, c.arch, c.train, seeds=c.seeds, name="standard")
+
+_ARM_WORKER = "import sys; from spline_transformers.two_phase import _arm_worker; _arm_worker(sys.argv[1])"
+
+def _arm_worker(path:str):
+    "Child process: read (arm, config, source) from stdin, run the arm, write the pickled result (or the error) to `path`."
+    import pickle
+    args = sys.stdin.buffer.read()   # blocks until the parent is ready (torch is imported by then: the start-up overlaps Phase I)
+    if not args: return
+    try: out = ("ok", _demo_arm(*pickle.loads(args)))
+    except BaseException as e: out = ("error", e)
+    atomic_write(path, pickle.dumps(out))
+
+class _ArmProcess:
+    "A Phase II arm in its own Python process (a fresh interpreter: no fork of this one, no re-import of `__main__`)."
+    def __init__(self, folder:Path, arm:str):
+        self.arm, self.path = arm, Path(folder) / f"{arm}.pickle"
+        self.proc = subprocess.Popen([sys.executable, "-c", _ARM_WORKER, str(self.path)], stdin=subprocess.PIPE)
+    def start(self, c:DemoConfig, source):
+        import pickle
+        self.proc.stdin.write(pickle.dumps((self.arm, c, source))); self.proc.stdin.close()
+    def result(self)->TrainResult:
+        import pickle
+        code = self.proc.wait()
+        if code != 0 or not self.path.is_file(): raise RuntimeError(f"the demo's {self.arm!r} arm ended with exit code {code} and no result")
+        status, value = pickle.loads(self.path.read_bytes())   # written by our own child process
+        if status == "error": raise value
+        return value
+    def stop(self):
+        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+
+def parallel_arms_default(c:DemoConfig, callbacks=None)->bool:
+    "Whether `run_demo` runs its two Phase II arms in two processes by default: on a CPU with 2+ cores, when no callback needs this process."
+    return resolve_device(c.train.device).type == "cpu" and (os.cpu_count() or 1) >= 2 and not callbacks
+
 def run_demo(
     config:Optional[DemoConfig]=None, # sizes (default: `demo_config("cpu")`)
     out_dir:Optional[Union[str,Path]]=None, # if given, `DemoResult.save` writes the results there
     callbacks:Optional[Sequence[Callable]]=None, # passed to every training run (e.g. a live plot)
     log:Optional[Callable]=None, # log(str) for progress messages (e.g. print)
+    parallel:Optional[bool]=None, # run the two Phase II arms in two processes (None: `parallel_arms_default`; results are the same)
 )->DemoResult:
     "Phase I on the demo task, then Phase II with the learned nonlinearities against the standard transformer."
     c = config or demo_config("cpu")
     say = log or (lambda s: None)
     task = get_task(c.task, seed=0, **c.task_params)
-    say(f"Phase I: {c.p1.n_models} models, {c.phase1_train.steps} steps on {task!r}")
-    p1 = phase1(task, c.arch, c.phase1_train, c.p1, callbacks=callbacks)
-    say(f"Phase I done in {p1.cost['wall_time_s']:.0f} s; Phase II: {len(c.seeds)} seeds × 2 arms, {c.train.steps} steps")
-    learned = phase2(task, p1, c.arch, c.train, seeds=c.seeds, name="learned", callbacks=callbacks)
-    say(f"learned nonlinearities done in {learned.wall_time:.0f} s")
-    base = baseline(task, c.arch, c.train, seeds=c.seeds, name="standard", callbacks=callbacks)
-    say(f"standard transformer done in {base.wall_time:.0f} s")
+    par = parallel_arms_default(c, callbacks) if parallel is None else bool(parallel)
+    if par and callbacks: raise ValueError("callbacks run in this process: pass parallel=False (or no callbacks) to run_demo")
+    with tempfile.TemporaryDirectory(prefix="spline_transformers_demo_") as tmp:
+        arms = [_ArmProcess(tmp, a) for a in ("learned", "standard")] if par else []   # their start-up overlaps Phase I
+        try:
+            say(f"Phase I: {c.p1.n_models} models, {c.phase1_train.steps} steps on {task!r}")
+            p1 = phase1(task, c.arch, c.phase1_train, c.p1, callbacks=callbacks)
+            say(f"Phase I done in {p1.cost['wall_time_s']:.0f} s; Phase II: {len(c.seeds)} seeds × 2 arms, {c.train.steps} steps"
+                + (" (the arms in two processes)" if par else ""))
+            if par:
+                arms[0].start(c, replace(p1, ensemble=None)); arms[1].start(c, None)
+                learned, base = arms[0].result(), arms[1].result()
+                say(f"learned nonlinearities done in {learned.wall_time:.0f} s, standard transformer in {base.wall_time:.0f} s (in parallel)")
+            else:
+                learned = phase2(task, p1, c.arch, c.train, seeds=c.seeds, name="learned", callbacks=callbacks)
+                say(f"learned nonlinearities done in {learned.wall_time:.0f} s")
+                base = baseline(task, c.arch, c.train, seeds=c.seeds, name="standard", callbacks=callbacks)
+                say(f"standard transformer done in {base.wall_time:.0f} s")
+        finally:
+            for a in arms: a.stop()
     metrics = pd.concat([base.metrics, learned.metrics], ignore_index=True)
     table = steps_to_threshold(metrics, "seq_acc", c.threshold, "test")
     summary = compare(metrics, "standard", c.threshold)
     timings = {"phase1_step_s": p1.cost["step_time_s"], "phase1_wall_s": p1.cost["wall_time_s"],
                "learned_step_s": learned.step_time, "learned_wall_s": learned.wall_time,
                "standard_step_s": base.step_time, "standard_wall_s": base.wall_time, "device": p1.cost["device"],
-               "models_per_step": {"phase1": c.p1.n_models, "phase2": len(c.seeds)}}
+               "models_per_step": {"phase1": c.p1.n_models, "phase2": len(c.seeds)}, "phase2_processes": 2 if par else 1}
     res = DemoResult(c, table, summary, metrics, p1, timings)
     if out_dir is not None: res.save(out_dir)
     return res

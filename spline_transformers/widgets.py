@@ -16,7 +16,7 @@ __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_f
            'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
            'TrainingMonitor']
 
-# %% ../nbs/30_widgets.ipynb #26ed9685
+# %% ../nbs/30_widgets.ipynb #934f3ce2
 import json, base64
 from copy import deepcopy
 from pathlib import Path
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 import plotly.io as pio
 import ipywidgets as W
-import anywidget
 from IPython.display import display
 from fastcore.basics import patch
 from .splines import LinearSpline, SplineBank, init_values, reference_function as _reference, REFERENCES as SPLINE_REFERENCES
@@ -657,7 +656,7 @@ def _merge_still_frames(fig):
     fig.layout.meta = {**fig.layout.meta, "stages": [stages[i] for i in keep]}
     return fig
 
-# %% ../nbs/30_widgets.ipynb #3dacec09
+# %% ../nbs/30_widgets.ipynb #83bbc2ae
 class AnimationOutput:
     "Display a plotly figure with frames as plotly JSON (frames included, for JupyterLab) and an HTML div (for the site)."
     def __init__(self, fig:go.Figure, height:int=520): self.fig, self.height = fig, height
@@ -666,10 +665,6 @@ class AnimationOutput:
         d["layout"] = {"height": self.height, **d.get("layout", {}), "autosize": True}   # a resize keeps the height
         bundle = BookRenderer(config={"displaylogo": False, "responsive": True}).to_mimebundle(d)
         return {**bundle, "text/plain": f"<animation: {len(self.fig.frames)} frames>"}
-
-class _PageGuard(anywidget.AnyWidget):
-    "An invisible widget whose JavaScript keeps plotly's Pause from logging an uncaught error (see `_PAUSE_GUARD_JS`)."
-    _esm = _PAUSE_GUARD_JS + "\nexport default { render() {} };\n"
 
 class CollapsePlayer:
     "Build an exact interpolator for a random dataset and play its token trajectories; controls rebuild it live."
@@ -687,7 +682,7 @@ class CollapsePlayer:
         self.status, self.out = W.HTML(), W.Output()
         self.rebuild()
         self.widget = W.VBox([W.HBox(list(self.controls.values())[:3]), W.HBox(list(self.controls.values())[3:] + [self.button]),
-                              self.status, self.out, _PageGuard()])
+                              self.status, self.out])
 
     def rebuild(self, **kw):
         "Rebuild for the current controls (keyword arguments set them first); the animation is replaced."
