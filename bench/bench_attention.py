@@ -4,13 +4,12 @@ this one run (rounds interleaved, medians). Not a test: timings on shared machin
 
     python bench/bench_attention.py [--threads 2] [--rounds 30] [--T 128]
 
-glibc hands allocations over 32 MiB to fresh mmaps (page faults cost more than the op); this script re-executes
-itself with MALLOC_MMAP_THRESHOLD_ raised unless it is already set.
+It runs in the process a user gets (bench/timing.py: the package's heap and thread settings, nothing more).
 """
 import argparse
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 

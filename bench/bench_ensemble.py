@@ -9,7 +9,7 @@ Not a test: timings on shared machines move by ±20-30%.
 import argparse
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 

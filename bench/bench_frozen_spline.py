@@ -7,7 +7,7 @@ measured in this one run (rounds interleaved, medians). Not a test: timings on s
 import argparse
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 

@@ -12,7 +12,7 @@ nanoGPT's on a CPU (decay groups, not fused). Prints the machine's load; not a t
 import argparse
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 import torch.nn.functional as F

@@ -9,7 +9,7 @@ Not a test: it prints a table, the load average before and after, and the target
 import argparse, os, statistics, sys
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +25,7 @@ def main():
     ap.add_argument("--backends", nargs="+", default=["cpp", "torch"])
     args = ap.parse_args()
     timing.start(args)
-    print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_')} and MALLOC_TRIM_THRESHOLD_="
-          f"{os.environ.get('MALLOC_TRIM_THRESHOLD_')} set (large tensors reuse heap memory instead of fresh page-faulting "
-          f"mmaps); torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"shape {tuple(args.shape)} float32, baseline erf-GeLU (approximate='none')")
     backends = []
     for b in args.backends:

@@ -15,7 +15,7 @@ measured in the same rounds, is the MFU. The trainer's own pieces are used (`sta
 import argparse, os, time
 
 import timing
-timing.reexec_with_heap_settings()
+timing.user_process()
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -1,20 +1,19 @@
-"""What every benchmark here shares: heap settings, the timing options, and the clock.
+"""What every benchmark here shares: the process a user gets, the timing options, and the clock.
 
-glibc hands allocations over 32 MiB to fresh mmaps (page faults cost more than the op), and setting the mmap
-threshold by hand pins the trim threshold at 128 KiB (every step would page-fault its activations back in), so a
-benchmark re-executes itself with both raised unless they are already set.
+A benchmark measures what a user's process gets, no more: it imports the package before torch, which (as for every
+user) makes OpenMP threads yield while they wait and raises glibc's heap thresholds with mallopt (see the core
+chapter; `SPLINE_TRANSFORMERS_PROCESS=default` turns both off, for the package and the benches alike).
 """
 import os, sys, time
 
 CLOCK = [time.perf_counter]  # set from --clock by `start`
 
 
-def reexec_with_heap_settings():
-    "Re-run this script with MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ raised (call before importing torch)."
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ: return
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 30)
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))
-    os.execv(sys.executable, [sys.executable] + sys.argv)
+def user_process():
+    "Set this process up as the package sets up a user's (call before importing torch); returns a line that says how."
+    import spline_transformers.core as core
+    return (f"process as a user gets it: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
+            f"heap thresholds raised by the package: {core.MALLOC_TUNED}")
 
 
 def add_timing_args(ap, rounds=15):
@@ -31,3 +30,4 @@ def start(a):
     torch.set_num_threads(a.threads)
     CLOCK[0] = time.process_time if a.clock == "cpu" else time.perf_counter
     print(f"clock: {a.clock} time, {a.stat} of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(user_process())
