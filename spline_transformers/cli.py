@@ -19,8 +19,8 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'seed_list',
            'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args',
            'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args', 'load_nonlinearities',
-           'format_table', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate',
-           'cmd_prepare', 'build_parser', 'main']
+           'format_table', 'kernel_line', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files',
+           'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
@@ -29,6 +29,7 @@ import torch
 # %% ../nbs/22_cli.ipynb #afc0f5c1
 from .core import check_option, check_int, check_number, resolve_device, atomic_write, FolderInUse
 from .attention import ATTN_FNS, POSITIONS
+from .splines import spline_backend
 from .model import TransformerConfig, Nonlinearities, MLP_ACTS, SHARINGS
 from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
@@ -350,6 +351,15 @@ def format_table(result)->str:
              v["text"]]
     return "\n".join(lines)
 
+def kernel_line(
+    device, # where the demo trains
+)->str:
+    "Which implementation evaluates the splines on `device`, and how to get the fused kernel when the slow fallback runs."
+    b = spline_backend(device)
+    hint = " (the fused C++ kernel is several times faster: it needs a C++ compiler and ninja, `pip install ninja`)" \
+           if b.name == "torch" and torch.device(device).type == "cpu" else ""
+    return f"spline kernel: {b.name}, {b.reason}{hint}"
+
 def cmd_demo(a)->int:
     "Run the demo, print the table, write the results and the report."
     device = check_device(a.device)
@@ -363,11 +373,13 @@ def cmd_demo(a)->int:
     config = replace(config, train=replace(config.train, progress=bars), phase1_train=replace(config.phase1_train, progress=bars))
     say = (lambda s: print(s, flush=True)) if not a.quiet else (lambda s: None)
     say(f"spline-transformers demo{' --quick' if a.quick else ''}: {config.task} on {dev}, results in {out}/")
+    kernels = kernel_line(dev)
+    say(kernels)
     t0 = time.perf_counter()
     res = run_demo(config, log=say)
     wall = time.perf_counter() - t0
-    res.save(out, wall_time_s=wall, quick=bool(a.quick), command=_command_line())   # the one writer of the folder's data files
-    path = report.demo_report(res, out / "report.html", command=_command_line(), wall_time=wall)
+    res.save(out, wall_time_s=wall, quick=bool(a.quick), command=_command_line(), kernels=kernels)   # the one writer of the folder's data files
+    path = report.demo_report(res, out / "report.html", command=_command_line(), wall_time=wall, kernels=kernels)
     print(format_table(res))
     if a.quick: print("(--quick: a tiny run that checks the pipeline; its numbers are not evidence either way)")
     print(f"total {wall:.1f} s; report: {path}")

@@ -193,6 +193,7 @@ def demo_report(
     path:Union[str,Path], # where to write report.html
     command:Optional[str]=None, # the command line that ran, shown in the page
     wall_time:Optional[float]=None, # total seconds of the run (shown if given)
+    kernels:Optional[str]=None, # which implementation evaluated the splines (shown if given)
 )->Path:
     "The demo's standalone report: verdict, what was measured, the table, curves with seed bands, the learned splines, Phase I cost."
     c, p1 = result.config, result.phase1
@@ -209,6 +210,7 @@ def demo_report(
              f"Phase II: learned arm {result.timings['learned_wall_s']:.1f} s, standard arm {result.timings['standard_wall_s']:.1f} s "
              f"({len(c.seeds)} models trained at once per arm) on {result.timings['device']}."]
     if wall_time is not None: lines.append(f"Whole run: {wall_time:.1f} s wall time.")
+    if kernels: lines.append(kernels[0].upper() + kernels[1:] + ".")
     if command: lines.append(f"Command: {command}")
     rep.bullets(lines)
     rep.text("The speed-up does not count Phase I: it compares Phase II of the learned nonlinearities with the standard transformer "

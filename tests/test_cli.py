@@ -295,7 +295,7 @@ def quick_demo(tmp_path_factory):
 
 
 def test_demo_quick_writes_the_files(quick_demo):
-    out, _ = quick_demo
+    out, stdout = quick_demo
     for f in ("report.html", "metrics.csv", "nonlinearities.safetensors", "nonlinearities.json", "summary.csv",
               "steps_to_threshold.csv", "config.json", "phase1/phase1.json"):
         assert (out / f).is_file(), f
@@ -304,6 +304,9 @@ def test_demo_quick_writes_the_files(quick_demo):
     assert len(nl.mlp) == (arch.mlp_act == "spline") and len(nl.attn) == (arch.attn_fn == "spline") and len(nl.mlp) == 1
     from spline_transformers.report import learned_parts
     assert f"Learned arm: {learned_parts(arch)}" in (out / "report.html").read_text()   # the report says what was learned
+    from spline_transformers.splines import spline_backend
+    kernel = spline_backend("cpu").name                 # the header and the report say which spline kernel ran
+    assert f"spline kernel: {kernel}, " in stdout and f"Spline kernel: {kernel}, " in (out / "report.html").read_text()
     m = pd.read_csv(out / "metrics.csv")
     assert list(m.columns) == ["step", "model", "seed", "split", "metric", "value"]
     assert set(m.model) == {"learned", "standard"} and set(m.seed) == {0, 1, 2}
