@@ -33,6 +33,7 @@ from IPython.display import display
 from fastcore.basics import patch
 from .splines import LinearSpline, SplineBank, init_values, reference_function as _reference, REFERENCES as SPLINE_REFERENCES
 from .viz import BookRenderer
+from .core import check_option
 
 # %% ../nbs/30_widgets.ipynb #583e82be
 ENV_WIDGETS = "SPLINE_TRANSFORMERS_WIDGETS"
@@ -54,7 +55,7 @@ def reference_curve(
     x_max:float,   # the spline's last knot (where "exp" is 1)
 )->np.ndarray:
     "The reference function `name` at `x` (float64 numpy)."
-    if name not in REFERENCES: raise ValueError(f"reference {name!r} is not one of {REFERENCES}")
+    check_option(name, REFERENCES, "reference")
     return _reference(name, x_max)[1](torch.as_tensor(np.asarray(x, dtype=np.float64))).numpy()
 
 @dataclass(eq=False)
@@ -329,7 +330,7 @@ class SplineEditor:
                  throttle:float=0.25,            # at most one effect run per `throttle` seconds (0: after every edit)
                  effect_title:str="live effect", # title of the effect panel
                 ):
-        if reference is not None and reference not in REFERENCES: raise ValueError(f"reference {reference!r} is not one of {REFERENCES}")
+        if reference is not None: check_option(reference, REFERENCES, "reference", also="None")
         self.refs = find_splines(target)
         self.reference, self.effect, self.effect_title = reference, effect, effect_title
         self.learned = {n: r.values.detach().clone() for n, r in self.refs.items()}   # for "reset to learned"

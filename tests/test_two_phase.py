@@ -121,6 +121,25 @@ def test_phase2_freezes_and_baseline_is_standard(task):
     assert cmp.speedup.tolist() == [1.0, 1.0]    # both reach accuracy 0 at step 0
 
 
+def _metrics_reaching(arms:dict)->pd.DataFrame:
+    "Tidy test-accuracy curves: arm -> {seed: step at which accuracy jumps from 0.5 to 1.0 (None: never)}, evaluated every 50 steps."
+    rows = [{"step": t, "model": arm, "seed": seed, "split": "test", "metric": "seq_acc",
+             "value": 1.0 if at is not None and t >= at else 0.5}
+            for arm, seeds in arms.items() for seed, at in seeds.items() for t in range(0, 501, 50)]
+    return pd.DataFrame(rows)
+
+
+def test_compare_speedup_is_the_ratio_of_median_steps():
+    "The speed-up is the reference's median steps over the arm's, at a real threshold; seeds that never reach count as infinitely slow."
+    m = _metrics_reaching({"standard": {0: 400, 1: 300, 2: None}, "learned": {0: 100, 1: 200, 2: 150}})
+    cmp = compare(m, "standard", threshold=0.95).set_index("model")
+    assert cmp.loc["standard", "reached"] == 2 and cmp.loc["learned", "reached"] == 3
+    assert cmp.loc["learned", "median_steps"] == 150 and cmp.loc["standard", "median_steps"] == 400
+    assert cmp.loc["learned", "speedup"] == pytest.approx(400 / 150) and cmp.loc["standard", "speedup"] == 1.0
+    slow = compare(_metrics_reaching({"standard": {0: 100, 1: 100}, "learned": {0: None, 1: None}}), "standard", 0.95).set_index("model")
+    assert slow.loc["learned", "speedup"] == 0.0   # never reached: no speed-up at all
+
+
 def test_transfer_cells_are_independent_units(task):
     src = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
     assert len(transfer_cells(["add"], ["add", "copy"], seeds=[0, 1, 2])) == 12
