@@ -158,6 +158,26 @@ def _check_spline_arch(arch:TransformerConfig):
         raise ValueError(f"Phase I learns splines, but this config has mlp_act={arch.mlp_act!r} and attn_fn={arch.attn_fn!r}; "
                          "use mlp_act='spline' and/or attn_fn='spline' (e.g. spline_arch(arch))")
 
+def _phase1_optimizers(ens:Ensemble, cfg:TrainConfig, p1:Phase1Config)->tuple:
+    "(AdamW for the weights θ, Adam for the splines ψ, ψ's parameters): two optimisers, one schedule shape."
+    spl = list(ens.nonlinearities.unfreeze().parameters())
+    opt_w = make_optimizer(ens, cfg, ens.param_groups(cfg.weight_decay))
+    return opt_w, torch.optim.Adam(spl, lr=p1.spline_lr, betas=p1.spline_betas, eps=cfg.eps), spl
+
+def _track_best(extra:dict, step:int, arch_loss:float, spl:list):
+    "Keep ψ's values at the step with the lowest finite mean held-out loss so far (in `extra['best']`)."
+    best = extra.get("best")
+    if math.isfinite(arch_loss) and (best is None or arch_loss < best["arch_loss"]):
+        extra["best"] = {"step": step, "arch_loss": arch_loss, "values": [p.detach().cpu().clone() for p in spl]}
+
+def _best_splines(nl:Nonlinearities, extra:dict, final_step:int)->tuple:
+    "(the best splines as a frozen CPU copy, their step); the final splines if no held-out loss was seen."
+    best_nl = _spline_copy(nl)
+    if "best" not in extra: return best_nl, final_step
+    with torch.no_grad():
+        for p, v in zip(best_nl.parameters(), extra["best"]["values"]): p.copy_(v)
+    return best_nl, int(extra["best"]["step"])
+
 # %% ../nbs/08_two_phase.ipynb #5b7f9aae
 def phase1(
     data, # source task or corpus (needs the `weights` and `arch` splits for arch_loss="heldout")
@@ -186,11 +206,9 @@ def phase1(
                                                       "Phase I with arch_loss='heldout' needs weights and arch splits")
     splits = cfg.eval_splits or tuple(dict.fromkeys(default_eval_splits(data) + ((p1.arch_split,) if p1.arch_split in data.splits else ())))
     ens = Ensemble(arch, seeds=seeds).to(device).train()
-    nl = ens.nonlinearities.unfreeze()
-    spl = list(nl.parameters())
+    nl = ens.nonlinearities
+    opt_w, opt_s, spl = _phase1_optimizers(ens, cfg, p1)
     fwd = torch.compile(ens) if cfg.compile else ens
-    opt_w = make_optimizer(ens, cfg, ens.param_groups(cfg.weight_decay))
-    opt_s = torch.optim.Adam(spl, lr=p1.spline_lr, betas=p1.spline_betas, eps=cfg.eps)
     weights = ens.weight_parameters()
     gens = {f"weights.{s}": data_generator(cfg.seed, s, "weights") for s in seeds}
     gens["arch"] = torch.Generator().manual_seed(derive_seed("arch", cfg.seed))
@@ -204,6 +222,7 @@ def phase1(
 
     def step_fn(step):
         active = (starts <= step).to(device=device, dtype=torch.float32)
+        # 1. each model's own batch of D_wts; L_w with ψ detached -> gradients for θ only
         x, y, mask = (t.to(device, non_blocking=True) for t in stack_batches(data, wsplit, cfg.batch_size, wgens))
         opt_w.zero_grad(set_to_none=True); opt_s.zero_grad(set_to_none=True)
         heldout = p1.arch_loss == "heldout"
@@ -212,14 +231,15 @@ def phase1(
         lw = masked_cross_entropy(logits, y, mask)
         (lw * active).sum().backward()
         bad = torch.zeros((), device=device)
-        if heldout:
+        if heldout:   # 2. one batch of D_arch for all models; L_arch with θ detached -> gradient for ψ only
             b = data.batch(p1.arch_split, B_arch, gens["arch"])
             with autocast(device, cfg.amp):
                 la_logits = fwd(b.x.to(device), detach="weights")
             la = masked_cross_entropy(la_logits, b.y.to(device), b.mask.to(device))
             (la * active).sum().backward()
             bad = (la * 0).sum()      # NaN/inf in the held-out loss makes the step's losses non-finite
-        if grad_hook is not None: grad_hook(spl)
+        if grad_hook is not None: grad_hook(spl)   # 3. e.g. all-reduce ψ's gradient across ranks
+        # 4. per-model clipping of θ; AdamW step for θ, Adam step for ψ
         if cfg.grad_clip is not None: clip_grad_norm_per_model_(weights, cfg.grad_clip, M)
         if p1.spline_grad_clip is not None: clip_grad_norm_per_model_(spl, p1.spline_grad_clip, 1)
         opt_w.step(); opt_s.step()
@@ -233,11 +253,7 @@ def phase1(
         rows = evaluate_rows(ens, data, splits, step, name, seeds, cfg.eval_examples, cfg.eval_batch_size, device, cfg.amp)
         started = {s for s, t in zip(seeds, starts.tolist()) if step >= t}
         arch_losses = [r["value"] for r in rows if r["split"] == p1.arch_split and r["metric"] == "loss" and r["seed"] in started]
-        if arch_losses:
-            mean = float(np.mean(arch_losses))
-            best = state.extra.get("best")
-            if math.isfinite(mean) and (best is None or mean < best["arch_loss"]):
-                state.extra["best"] = {"step": step, "arch_loss": mean, "values": [p.detach().cpu().clone() for p in spl]}
+        if arch_losses: _track_best(state.extra, step, float(np.mean(arch_losses)), spl)
         return rows
 
     t0 = time.perf_counter()
@@ -245,12 +261,7 @@ def phase1(
         start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
     wall = time.perf_counter() - t0
     final = _spline_copy(nl)
-    best_nl, best_step = final, state.step
-    if "best" in state.extra:
-        best_nl = _spline_copy(nl)
-        with torch.no_grad():
-            for p, v in zip(best_nl.parameters(), state.extra["best"]["values"]): p.copy_(v)
-        best_step = int(state.extra["best"]["step"])
+    best_nl, best_step = _best_splines(nl, state.extra, state.step)
     cost = {"steps": state.step, "steps_this_call": state.step - start, "wall_time_s": wall,
             "step_time_s": wall / max(1, state.step - start), "device": str(device), "n_models": M,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
