@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from spline_transformers.attention import (ATTN_FNS, POSITIONS, attend, attention_mask, alibi_bias, attention_weights,
-                                           set_attention_kernel, attention_kernel)
+                                           set_attention_backend, attention_backend)
 from spline_transformers.splines import LinearSpline
 from spline_transformers.model import (TransformerConfig, Transformer, Nonlinearities, MLP_ACTS, SHARINGS,
                                        future_leak)
@@ -28,9 +28,9 @@ def tokens(B=2, T=9, seed=0, vocab=11):
 @pytest.fixture(params=["auto", "torch"])
 def kernel(request):
     "Run a test with the fused C++ weights kernel (where it builds) and with the plain PyTorch path."
-    set_attention_kernel(request.param)
+    set_attention_backend(request.param)
     yield request.param
-    set_attention_kernel("auto")
+    set_attention_backend("auto")
 
 
 @pytest.mark.parametrize("extrapolate", ["constant", "linear"])
@@ -44,15 +44,15 @@ def test_fused_and_torch_paths_agree(extrapolate, padded):
     mask = attention_mask(9, causal=False, padding_mask=pm)
     res = []
     for kern in ("auto", "torch"):
-        set_attention_kernel(kern)
+        set_attention_backend(kern)
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v)); s.zero_grad()
         out = attend(qq, kk, vv, "spline", phi=s, mask=mask, bias=alibi_bias(3, 9, dtype=torch.float64))
         out.square().sum().backward()
         res.append([out, qq.grad, kk.grad, vv.grad, s.values.grad.clone()])
-    set_attention_kernel("auto")
+    set_attention_backend("auto")
     for a, b in zip(*res):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
-    assert attention_kernel().startswith(("cpp", "torch"))
+    assert attention_backend().name in ("cpp", "torch")
 
 
 @pytest.mark.parametrize("alibi,padded", list(itertools.product([False, True], [False, True])))
@@ -481,3 +481,20 @@ def test_config_for_takes_the_spline_layout_from_the_splines():
     pkg = Path(__file__).resolve().parents[1] / "spline_transformers"
     readers = [f.name for f in sorted(pkg.glob("*.py")) if not f.name.startswith("_") and ".settings" in f.read_text()]
     assert readers == ["model.py"], readers
+
+
+def test_one_switch_and_one_vocabulary_for_spline_and_attention_backends(monkeypatch):
+    "$SPLINE_TRANSFORMERS_BACKEND chooses for splines and attention alike; set_attention_backend overrides it for attention."
+    from spline_transformers.splines import BackendChoice, ENV_BACKEND
+    monkeypatch.setenv(ENV_BACKEND, "torch")
+    import spline_transformers.attention as A
+    monkeypatch.setitem(A._kernel_state, "requested", None)    # nothing chosen in this process yet: the variable decides
+    try:
+        assert isinstance(attention_backend(), BackendChoice)
+        assert attention_backend().name == "torch" and ENV_BACKEND in attention_backend().reason
+        set_attention_backend("cpp")
+        assert attention_backend().name in ("cpp", "torch")   # torch only where the kernel cannot be built (reason given)
+        with pytest.raises(ValueError, match="unknown attention backend 'fast'; valid values are 'auto', 'cpp', 'torch'"):
+            set_attention_backend("fast")
+    finally:
+        set_attention_backend("auto")
