@@ -64,18 +64,6 @@ def serve(folder):
     finally: srv.shutdown(); srv.server_close()
 
 
-def open_page(browser, url, wait_until="load", viewport=None):
-    "Open `url` in a fresh context; returns (page, page errors, requests that would have left the machine — aborted)."
-    ctx = browser.new_context(**({"viewport": viewport} if viewport else {}))
-    outside, errors = [], []
-    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-              else route.continue_())
-    page = ctx.new_page()
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url, wait_until=wait_until)
-    return page, errors, outside
-
-
 # Layout checks, run in the page: each returns a list of problems, as sentences (empty: none).
 # Boxes are `getBoundingClientRect()`s; a page should be opened at a fixed viewport (e.g. 1280x900) for them.
 
@@ -161,3 +149,16 @@ def table_padding(page, main="main", min_px=4):
 def figure_layout(page):
     "Plotly figures whose title runs under the toolbar, whose texts overlap, or whose texts or point labels are cut off."
     return page.evaluate(FIGURE_JS)
+
+
+def open_page(browser, url, wait_until="load", viewport=None):
+    "Open `url` in a fresh context; returns (page, page errors, requests that would have left the machine — aborted)."
+    ctx = browser.new_context(**({"viewport": viewport} if viewport else {}))
+    outside, errors = [], []
+    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
+              else route.continue_())
+    page = ctx.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url, wait_until=wait_until)
+    return page, errors, outside
+
