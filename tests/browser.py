@@ -161,4 +161,3 @@ def open_page(browser, url, wait_until="load", viewport=None):
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until=wait_until)
     return page, errors, outside
-
