@@ -79,7 +79,7 @@ def _subplot_titles(lay):
     return [a for a in lay.get("annotations", []) or [] if a.get("xref", "paper") == "paper" and a.get("yref", "paper") == "paper"
             and a.get("yanchor") == "bottom" and a.get("showarrow") is False and a.get("text")]
 
-# %% ../nbs/00_viz.ipynb #af0fedfe
+# %% ../nbs/00_viz.ipynb #e8a6498a
 def fit_figure(
     fig:dict, # a figure as a dict (`fig.to_dict()`); not changed
     width:int=COLUMN_PX, # width it is drawn at when its layout does not say (the site's column)
@@ -99,6 +99,9 @@ def fit_figure(
         a["text"] = wrap_text(a["text"], max(8, int(room / (CHAR_EM * size))))
         if a.get("y", 1) >= 0.999: sub_lines, sub_size = max(sub_lines, _n_lines(a["text"])), size
     sub_room = math.ceil(sub_lines * LINE_EM * sub_size) + 4 if sub_lines else 0
+    leg = lay.get("legend") or {}
+    if leg.get("orientation") == "h" and leg.get("yanchor") == "bottom" and (leg.get("y") or 0) >= 1:   # a legend above the plot
+        sub_room += math.ceil(LINE_EM * _get(leg, "font", "size", default=12)) + 12
     title = lay.get("title")
     if isinstance(title, str): title = lay["title"] = {"text": title}
     text = _get(lay, "title", "text")
@@ -126,7 +129,7 @@ def setup_plotly(
     pio.templates.default = template
     return pio.renderers.default
 
-# %% ../nbs/00_viz.ipynb #2d06b28d
+# %% ../nbs/00_viz.ipynb #f56588ce
 def seed_band_figure(
     df:pd.DataFrame, # tidy metrics: columns `x`, `y`, `group`, `seed` name them
     x:str="step", # column on the horizontal axis
@@ -153,7 +156,7 @@ def seed_band_figure(
                       margin=dict(l=50, r=20, t=50 if title else 20, b=40))
     return fig
 
-# %% ../nbs/00_viz.ipynb #933bea28
+# %% ../nbs/00_viz.ipynb #c71f3be2
 def matrix_heatmap(
     m, # 2-D array or DataFrame (its index and columns become the axis labels)
     title:str=None, # figure title
