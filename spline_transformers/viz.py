@@ -79,7 +79,7 @@ def _subplot_titles(lay):
     return [a for a in lay.get("annotations", []) or [] if a.get("xref", "paper") == "paper" and a.get("yref", "paper") == "paper"
             and a.get("yanchor") == "bottom" and a.get("showarrow") is False and a.get("text")]
 
-# %% ../nbs/00_viz.ipynb #e8a6498a
+# %% ../nbs/00_viz.ipynb #819fc74e
 def fit_figure(
     fig:dict, # a figure as a dict (`fig.to_dict()`); not changed
     width:int=COLUMN_PX, # width it is drawn at when its layout does not say (the site's column)
@@ -101,7 +101,14 @@ def fit_figure(
     sub_room = math.ceil(sub_lines * LINE_EM * sub_size) + 4 if sub_lines else 0
     leg = lay.get("legend") or {}
     if leg.get("orientation") == "h" and leg.get("yanchor") == "bottom" and (leg.get("y") or 0) >= 1:   # a legend above the plot
-        sub_room += math.ceil(LINE_EM * _get(leg, "font", "size", default=12)) + 12
+        size = _get(leg, "font", "size", default=12)
+        names = [str(t.get("name", "")) for t in fig.get("data", []) if t.get("showlegend", True) and t.get("name")]
+        rows, used = 1, 0.0
+        for n in names:   # items fill rows as wide as the plot: the symbol (40 px) and the name
+            w = 40 + CHAR_EM * size * len(n)
+            if used and used + w > W - l - r: rows, used = rows + 1, 0.0
+            used += w
+        sub_room += math.ceil(rows * (LINE_EM * size + 6)) + 8
     title = lay.get("title")
     if isinstance(title, str): title = lay["title"] = {"text": title}
     text = _get(lay, "title", "text")
