@@ -49,15 +49,106 @@ def free_port():
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    "A static file handler that does not log every request to stderr."
+    def log_message(self, *args): pass
+
+
 @contextlib.contextmanager
 def serve(folder):
     "Serve `folder` over HTTP on 127.0.0.1; yields the base URL."
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *a, **k: None
+    handler = functools.partial(_QuietHandler, directory=str(folder))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True); t.start()
     try: yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally: srv.shutdown(); srv.server_close()
+
+
+# Layout checks, run in the page: each returns a list of problems, as sentences (empty: none).
+# Boxes are `getBoundingClientRect()`s; a page should be opened at a fixed viewport (e.g. 1280x900) for them.
+
+OVERFLOW_JS = r"""(sel) => {
+  const main = document.querySelector(sel) || document.body, out = [];
+  const right = main.getBoundingClientRect().left + main.clientWidth;
+  const clips = (el) => ['auto', 'scroll', 'hidden', 'clip'].includes(getComputedStyle(el).overflowX);
+  const what = (el) => el.tagName.toLowerCase() + (el.classList && el.classList.length ? '.' + [...el.classList].join('.') : '');
+  for (const el of main.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.right <= right + 1) continue;
+    let p = el.parentElement, shown = true;
+    while (p && p !== main) {   // report only the outermost element that sticks out, and nothing a box inside the column clips
+      if (p.getBoundingClientRect().right > right + 1 || (clips(p) && p.getBoundingClientRect().right <= right + 1)) { shown = false; break; }
+      p = p.parentElement;
+    }
+    if (shown) out.push(`${what(el)} sticks out of the column by ${Math.round(r.right - right)} px: "${(el.textContent || '').trim().slice(0, 60)}"`);
+  }
+  for (const pre of main.querySelectorAll('pre.sourceCode')) {
+    if (pre.scrollWidth > pre.clientWidth + 1)
+      out.push(`a code block hides ${pre.scrollWidth - pre.clientWidth} px of its lines past its right edge (its lines should wrap): "${pre.textContent.trim().slice(0, 60)}"`);
+  }
+  return out;
+}"""
+
+TABLE_PADDING_JS = r"""([sel, min]) => {
+  const out = [];
+  for (const c of document.querySelectorAll(`${sel} table th, ${sel} table td`)) {
+    if (!c.textContent.trim()) continue;
+    const cs = getComputedStyle(c), l = parseFloat(cs.paddingLeft), r = parseFloat(cs.paddingRight);
+    if (l < min || r < min) out.push(`table cell "${c.textContent.trim().slice(0, 30)}" has ${l} px / ${r} px of padding left / right (< ${min} px)`);
+  }
+  return out;
+}"""
+
+FIGURE_JS = r"""() => {
+  const box = (el) => { const r = el.getBoundingClientRect(); return {l: r.left, t: r.top, r: r.right, b: r.bottom}; };
+  const meet = (a, b, pad = 0) => a.l < b.r - pad && b.l < a.r - pad && a.t < b.b - pad && b.t < a.b - pad;
+  const inside = (a, b, tol = 1) => a.l >= b.l - tol && a.r <= b.r + tol && a.t >= b.t - tol && a.b <= b.b + tol;
+  const shown = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0 && (el.textContent || '').trim() !== ''; };
+  const say = (el) => `"${el.textContent.trim().slice(0, 50)}"`;
+  const out = [];
+  document.querySelectorAll('.js-plotly-plot').forEach((gd, i) => {
+    const svg = gd.querySelector('.main-svg'); if (!svg) return;
+    const S = box(svg), L = gd._fullLayout || {}, probs = [];
+    const name = `figure ${i + 1}` + (L.title && L.title.text ? ` ("${L.title.text.replace(/<[^>]+>/g, ' ').slice(0, 50)}")` : '');
+    const titles = [...gd.querySelectorAll('.gtitle')].filter(shown);
+    const mb = gd.querySelector('.modebar');
+    if (mb && !(gd._context && gd._context.displayModeBar === false))
+      titles.forEach(t => { if (meet(box(t), box(mb))) probs.push(`the title ${say(t)} runs under the toolbar`); });
+    const texts = [...titles, ...gd.querySelectorAll('.annotation-text, .g-xtitle text, .g-ytitle text, .legendtext')].filter(shown);
+    for (let a = 0; a < texts.length; a++) for (let b = a + 1; b < texts.length; b++)
+      if (meet(box(texts[a]), box(texts[b]), 1)) probs.push(`${say(texts[a])} overlaps ${say(texts[b])}`);
+    [...texts, ...gd.querySelectorAll('.xtick text, .ytick text')].filter(shown).forEach(t => {
+      if (!inside(box(t), S)) probs.push(`${say(t)} is cut off by the edge of the figure`);
+    });
+    gd.querySelectorAll('.textpoint text').forEach(t => {
+      if (!shown(t)) return;
+      const g = t.closest('.trace'), trace = g && g.__data__ && g.__data__[0] && g.__data__[0].trace;
+      let area = S, where = 'the edge of the figure';
+      if (trace && trace.cliponaxis !== false && trace.xaxis && trace.yaxis) {   // clipped by its axes: must fit the plot area
+        const xa = L[trace.xaxis.replace('x', 'xaxis')], ya = L[trace.yaxis.replace('y', 'yaxis')];
+        if (xa && ya) { area = {l: S.l + xa._offset, r: S.l + xa._offset + xa._length, t: S.t + ya._offset, b: S.t + ya._offset + ya._length}; where = 'the axes'; }
+      }
+      if (!inside(box(t), area)) probs.push(`the point label ${say(t)} is cut off by ${where}`);
+    });
+    [...new Set(probs)].forEach(p => out.push(`${name}: ${p}`));
+  });
+  return out;
+}"""
+
+
+def column_overflow(page, main="main"):
+    "Elements that stick out of the text column `main` (not clipped by a scrolling box inside it), and code blocks whose lines do not wrap."
+    return page.evaluate(OVERFLOW_JS, main)
+
+
+def table_padding(page, main="main", min_px=4):
+    "Table cells in `main` with less than `min_px` of padding on the left or right (their text runs into the next cell's)."
+    return page.evaluate(TABLE_PADDING_JS, [main, min_px])
+
+
+def figure_layout(page):
+    "Plotly figures whose title runs under the toolbar, whose texts overlap, or whose texts or point labels are cut off."
+    return page.evaluate(FIGURE_JS)
 
 
 def open_page(browser, url, wait_until="load", viewport=None):

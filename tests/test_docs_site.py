@@ -1,11 +1,16 @@
 """The built site, opened page by page in headless Chromium: no page errors, no request that leaves the machine,
-every plotly figure of the chapter drawn, animations that play, maths rendered by the local KaTeX."""
-import re
+every plotly figure of the chapter drawn, animations that play, maths rendered by the local KaTeX; and a layout a
+reader can read at a desktop width: nothing sticks out of the text column (code wraps), table cells have padding,
+figure titles clear plotly's toolbar, and no text of a figure overlaps another or is cut off.
+
+DOCS_SITE=folder tests a site already built there instead of building one (e.g. `_docs/` of an earlier build)."""
+import os, re
+from pathlib import Path
 
 import pytest
 
 from conftest import build_docs
-from browser import require_browser, launch, serve, open_page
+from browser import require_browser, launch, serve, open_page, column_overflow, table_padding, figure_layout
 
 pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
 
@@ -13,6 +18,7 @@ pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
 @pytest.fixture(scope="module")
 def site():
     "The site, built from the chapters (reusing the executions of the notebook tests when they are fresh)."
+    if os.environ.get("DOCS_SITE"): return Path(os.environ["DOCS_SITE"])
     return build_docs.build()
 
 
@@ -31,6 +37,39 @@ def test_every_chapter_has_a_page(site):
     assert "index" in names and len(names) == len(build_docs.chapters()), (names, build_docs.chapters())
     sidebar = (site / "index.html").read_text()
     for p in pages(site): assert f'href="{p.name}"' in sidebar or p.name == "index.html", f"{p.name} missing from the sidebar"
+
+
+def test_class_source():
+    "A class's `show_doc` signature on the site: a dataclass with its fields, a class with its `__init__`, not `def Name(...)->None:`."
+    from spline_transformers.model import TransformerConfig, Transformer
+    from spline_transformers.splines import BackendChoice
+    from spline_transformers.cli import UsageError
+    from spline_transformers.core import Batch
+    src = build_docs.class_source(TransformerConfig)
+    assert src.startswith("@dataclass\nclass TransformerConfig:\n    vocab_size:int # ") and "\n    n_layers:int=2 # " in src, src
+    assert build_docs.class_source(BackendChoice).startswith("@dataclass(frozen=True)\nclass BackendChoice:\n    name:str"), build_docs.class_source(BackendChoice)
+    src = build_docs.class_source(Transformer)
+    assert src.startswith("class Transformer(nn.Module):\n    def __init__(\n        self,\n        cfg:TransformerConfig, # "), src
+    assert build_docs.class_source(UsageError) == "class UsageError(ValueError):\n    ...", build_docs.class_source(UsageError)
+    assert build_docs.class_source(Batch).startswith("class Batch(NamedTuple):\n    x:"), build_docs.class_source(Batch)
+    md = ("[source](https://github.com/o/r/blob/main/spline_transformers/model.py#L54){target=\"_blank\"}\n\n### TransformerConfig\n\n"
+          "```python\ndef TransformerConfig(\n    vocab_size:int, n_layers:int=2\n)->None:\n```\n\n*The architecture.*")
+    assert build_docs._SHOWDOC_CLASS.search(md) and build_docs._resolve("TransformerConfig", md) is TransformerConfig
+
+
+def test_classes_render_as_classes(site):
+    "No page shows a class's signature as a function (`def Name(...)`); the dataclass `TransformerConfig` shows its fields."
+    import importlib, pkgutil, html as H
+    import spline_transformers
+    classes = {n for m in pkgutil.iter_modules(spline_transformers.__path__) if not m.name.startswith("_")
+               for n, o in vars(importlib.import_module(f"spline_transformers.{m.name}")).items() if isinstance(o, type)}
+    bad = []
+    for p in pages(site):
+        text = H.unescape(re.sub(r"<[^>]+>", "", p.read_text()))
+        bad += [f"{p.name}: def {n}(...)" for n in re.findall(r"^def ([A-Z]\w*)\(", text, re.M) if n in classes]
+    assert not bad, "\n".join(bad)
+    text = H.unescape(re.sub(r"<[^>]+>", "", (site / "model.html").read_text()))
+    assert "@dataclass\nclass TransformerConfig:\n    vocab_size:int # " in text
 
 
 def _visit(browser, url):
@@ -83,3 +122,53 @@ def test_animations_play(site, browser):
             assert not errors, f"{p.name}: {errors}"
             page.context.close()
     if checked == 0: pytest.skip("no chapter has an animation yet")
+
+
+DESKTOP = {"width": 1280, "height": 900}
+SHOTS = os.environ.get("DOCS_SHOTS")   # a folder: save a screenshot of each page with a layout problem there
+
+
+def _open_drawn(browser, base, page_path):
+    "Open a page at a desktop width and wait until its plotly figures are drawn and KaTeX has run."
+    page, errors, _ = open_page(browser, f"{base}/{page_path.name}", viewport=DESKTOP)
+    n = len(re.findall(r"Plotly\.newPlot\(", page_path.read_text()))
+    if n: page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=20000)
+    page.wait_for_timeout(500)
+    return page
+
+
+CHECKS = {"overflow": column_overflow, "tables": table_padding, "figures": figure_layout}
+
+
+@pytest.fixture(scope="module")
+def layout(site, browser):
+    "Each page opened once at a desktop width; the problems each layout check finds, as `{check: [\"page: problem\"]}`."
+    found = {k: [] for k in CHECKS}
+    with serve(site) as base:
+        for p in pages(site):
+            page = _open_drawn(browser, base, p)
+            for name, check in CHECKS.items():
+                problems = check(page)
+                found[name] += [f"{p.name}: {f}" for f in problems]
+                if problems and SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_{name}_{p.stem}.png"), full_page=True)
+            page.context.close()
+    return found
+
+
+def _report(problems, most=40):
+    return "\n".join(problems[:most]) + (f"\n... {len(problems)} in all" if len(problems) > most else "")
+
+
+def test_nothing_sticks_out_of_the_column(layout):
+    "No element is wider than the text column (wide tables and outputs scroll in their own box), and code lines wrap."
+    assert not layout["overflow"], _report(layout["overflow"])
+
+
+def test_table_cells_have_padding(layout):
+    "Every table cell keeps its text clear of its neighbours' (pandas' tables come with 1-2 px)."
+    assert not layout["tables"], _report(layout["tables"])
+
+
+def test_figures_titles_and_labels_are_readable(layout):
+    "Titles clear the toolbar; no two texts of a figure overlap; no text or point label is cut off by the figure or its axes."
+    assert not layout["figures"], _report(layout["figures"])

@@ -8,11 +8,13 @@ Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto
    pages show outputs that match the committed code. A staged notebook already executed by the test suite
    (`tests/test_notebooks.py` executes into the same folder) is reused when its cell sources equal the source's.
 2. nbdev's own processing: `nbdev.yml`, the module index, `sidebar.yml`, `proc_nbs` → `_proc/` (renders `show_doc`,
-   `#| hide`, front matter).
+   `#| hide`, front matter). fastcore renders every class's `show_doc` as its constructor, `def Name(...)->None:`;
+   `render_classes` rewrites those blocks as classes: a dataclass as `@dataclass class Name:` with one line per field
+   (type, default, docment), any other class as `class Name(Bases):` with its `def __init__(self, ...)`.
 3. Copy a local `plotly.min.js` (from the plotly wheel) and KaTeX (from the npm registry, cached in
    `tools/vendor/`) into the site, and render `_proc/` with `smalldocs` into `_docs/`.
 """
-import argparse, json, os, shutil, subprocess, sys, tarfile
+import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +102,123 @@ def process():
     nbdev_sidebar.__wrapped__(path=STAGE, force=True)
     shutil.rmtree(PROC, ignore_errors=True)
     proc_nbs(str(STAGE), n_workers=0, force=True)
+    render_classes()
     name_pages_like_quarto()
     return PROC
+
+
+def _anno(a):
+    "An annotation as written: strings and forward references as they are, types by fastcore's formatting."
+    from fastcore.docments import _type_str
+    if isinstance(a, str): return a
+    return a.__forward_arg__ if hasattr(a, "__forward_arg__") else _type_str(a)
+
+
+_DC_DEFAULTS = dict(init=True, repr=True, eq=True, order=False, unsafe_hash=False, frozen=False)
+
+
+def _dataclass_source(cls, maxline=110):
+    "`@dataclass class Name:` and one `name:type=default # docment` line per field, as the class is written."
+    from fastcore.docments import docments
+    params = cls.__dataclass_params__
+    args = ", ".join(f"{k}={getattr(params, k)}" for k, v in _DC_DEFAULTS.items() if getattr(params, k) != v)
+    docs = docments(cls) or {}
+    lines = [f"@dataclass({args})" if args else "@dataclass", f"class {cls.__name__}:"]
+    for f in dataclasses.fields(cls):
+        line = f"    {f.name}:{_anno(f.type)}"
+        if f.default is not dataclasses.MISSING: line += f"={f.default!r}"
+        elif f.default_factory is not dataclasses.MISSING:
+            line += f"=field(default_factory={getattr(f.default_factory, '__name__', repr(f.default_factory))})"
+        if not f.init: line += "  # not an argument of the constructor"
+        elif docs.get(f.name): line += f" # {docs[f.name]}"
+        lines.append(line)
+    if len(lines) == 2: lines.append("    pass")
+    return _short_types("\n".join(lines))
+
+
+def _base_name(b, cls):
+    "How a base class is written: `nn.Module` for torch's, `module.Name` when it has the class's own name."
+    if b.__module__.startswith("torch.nn."): return f"nn.{b.__name__}"
+    return f"{b.__module__}.{b.__name__}" if b.__name__ == cls.__name__ else b.__name__
+
+
+def _short_types(text):
+    "Drop this package's module prefixes from annotations (`spline_transformers.model.Block` → `Block`)."
+    return re.sub(r"\bspline_transformers\.(?:\w+\.)*(?=\w+)", "", text)
+
+
+def _class_source(cls, maxline=110):
+    "`class Name(Bases):` with the constructor `def __init__(self, ...)` (`...` when the class keeps an inherited generic one)."
+    from fastcore.docments import DocmentText, _fmt_sig
+    bases = ", ".join(_base_name(b, cls) for b in cls.__bases__ if b is not object)
+    head = f"class {cls.__name__}({bases}):" if bases else f"class {cls.__name__}:"
+    params = [(_short_types(p), d) for p, d in DocmentText(cls, maxline=maxline - 4).params]
+    if all(p.startswith("*") for p, _ in params): return head + "\n    ..."
+    flat = f"def __init__(self, {', '.join(p for p, _ in params)}):"
+    if len(flat) + 4 <= maxline and not any(d for _, d in params): init = flat
+    else:
+        init = _fmt_sig("__init__", params, "):", maxline - 4)
+        first, rest = init.split("\n", 1)
+        init = f"{first}\n    self,\n{rest}" if "#" in rest.split("\n", 1)[0] else f"{first}\n    self, {rest.lstrip()}"
+    return _short_types(head + "\n" + "\n".join("    " + l for l in init.splitlines()))
+
+
+def _namedtuple_source(cls):
+    "`class Name(NamedTuple):` and one `name:type=default # docment` line per field."
+    from fastcore.docments import docments
+    docs, annos = docments(cls) or {}, getattr(cls, "__annotations__", {})
+    lines = [f"class {cls.__name__}(NamedTuple):"]
+    for f in cls._fields:
+        a = annos.get(f)
+        line = f"    {f}" + (f":{_anno(a)}" if a is not None else "")
+        if f in cls._field_defaults: line += f"={cls._field_defaults[f]!r}"
+        if docs.get(f): line += f" # {docs[f]}"
+        lines.append(line)
+    return _short_types("\n".join(lines))
+
+
+def class_source(cls, maxline=110):
+    "How the site shows the signature of class `cls`."
+    if dataclasses.is_dataclass(cls): return _dataclass_source(cls, maxline)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"): return _namedtuple_source(cls)
+    return _class_source(cls, maxline)
+
+
+_SHOWDOC_CLASS = re.compile(r"(### (?P<name>[\w.]+)\n\n```python\n)def (?P=name)\((?:.|\n)*?\n?```", re.M)
+_SOURCE_LINK = re.compile(r"/(?P<path>[\w/]+)\.py#L\d+")
+
+
+def _resolve(name, markdown):
+    "The object a `show_doc` block documents, found from its source link (`pkg/mod.py#L12`), or None."
+    m = _SOURCE_LINK.search(markdown)
+    if not m: return None
+    mod = m["path"].split("/")
+    for i in range(len(mod)):
+        try: obj = importlib.import_module(".".join(mod[i:]))
+        except ImportError: continue
+        for part in name.split("."): obj = getattr(obj, part, None)
+        return obj
+    return None
+
+
+def render_classes(folder=None):
+    "Rewrite the `show_doc` blocks of classes in the processed notebooks: `class`/`@dataclass`, not `def Name(...)->None:`."
+    n = 0
+    for nb_path in Path(folder or PROC).glob("*.ipynb"):
+        nb, changed = json.loads(nb_path.read_text()), False
+        for cell in nb["cells"]:
+            for out in cell.get("outputs", []):
+                md = out.get("data", {}).get("text/markdown")
+                if md is None: continue
+                text = "".join(md) if isinstance(md, list) else md
+                def sub(m):
+                    obj = _resolve(m["name"], text)
+                    if not isinstance(obj, type): return m.group(0)
+                    return f"{m.group(1)}{class_source(obj)}\n```"
+                new = _SHOWDOC_CLASS.sub(sub, text)
+                if new != text: out["data"]["text/markdown"], changed, n = new, True, n + 1
+        if changed: nb_path.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
+    return n
 
 
 def name_pages_like_quarto():
