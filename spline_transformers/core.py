@@ -228,7 +228,7 @@ def tensor_digest(
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
-# %% ../nbs/00_core.ipynb #d80d1e54
+# %% ../nbs/00_core.ipynb #10b6e86d
 class FolderInUse(RuntimeError):
     "Another live process holds the folder's lock."
 
@@ -277,7 +277,7 @@ class FolderLock:
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release()
 
-# %% ../nbs/00_core.ipynb #6d2fea66
+# %% ../nbs/00_core.ipynb #bd633d9f
 def from_dict(
     cls, # a dataclass
     d:dict, # its fields, e.g. from `asdict`/`to_dict`
@@ -290,7 +290,7 @@ def from_dict(
     try: return cls(**d)
     except TypeError as e: raise ValueError(f"cannot build a {cls.__name__} from {sorted(d)}: {e}") from None
 
-# %% ../nbs/00_core.ipynb #fa1b9af0
+# %% ../nbs/00_core.ipynb #fbcee2e4
 CPP_FLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-trapping-math"]
 
 def kernel_source(
