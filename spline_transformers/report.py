@@ -25,7 +25,7 @@ import plotly.io as pio
 # %% ../nbs/09a_report.ipynb #01011f8b
 from .core import atomic_write
 from .model import Nonlinearities
-from .viz import seed_band_figure
+from .viz import seed_band_figure, book_template, fit_figure
 from .two_phase import nonlinearities_figure
 
 # %% ../nbs/09a_report.ipynb #cd925e3b
@@ -73,7 +73,7 @@ class Report:
 
     def figure(self, fig:go.Figure)->"Report":
         "Add a plotly figure; the first one carries plotly.js, the others reuse it."
-        fig = go.Figure(fig).update_layout(template="plotly_white")
+        fig = go.Figure(fit_figure(go.Figure(fig).update_layout(template=book_template()).to_dict()))   # the book's figure defaults
         self.parts.append(pio.to_html(fig, include_plotlyjs=self.n_figures == 0, include_mathjax=False, full_html=False,
                                       config={"displaylogo": False, "responsive": True}))
         self.n_figures += 1; return self

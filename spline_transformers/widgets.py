@@ -742,7 +742,7 @@ class TrainingMonitor:
         self.bar = self.fig = self.widget = None
         if self.live:
             self.fig = LiveFigure(layout=dict(title=title, height=320, xaxis_title="step", yaxis_type="log" if log_y else "linear",
-                                              margin=dict(l=50, r=60, t=70, b=40), legend=_MONITOR_LEGEND))
+                                              margin=dict(l=50, r=60, t=100, b=40), legend=_MONITOR_LEGEND))
             self.progress = W.IntProgress(0, 0, max(total or 1, 1), description="step")
             self.label = W.HTML()
             self.widget = W.VBox([W.HBox([self.progress, self.label]), self.fig])
@@ -816,7 +816,7 @@ class TrainingMonitor:
             pts = [(r["step"], r[n]) for r in self.history if n in r]
             fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=n, mode="lines",
                             yaxis="y2" if _is_rate(n) else "y")
-        fig.update_layout(title=self.title, xaxis_title="step", height=320, margin=dict(l=50, r=60, t=70, b=40),
+        fig.update_layout(title=self.title, xaxis_title="step", height=320, margin=dict(l=50, r=60, t=100, b=40),
                           yaxis_type="log" if self.log_y else "linear", legend=_MONITOR_LEGEND)
         if any(_is_rate(n) for n in self.metrics()):
             fig.update_layout(yaxis2=dict(overlaying="y", side="right", range=[0, 1], title="accuracy", showgrid=False))
