@@ -640,7 +640,7 @@ def _load_cpp():
     module, name = build_cpp_extension("spline_transformers_cpu_", CPP_SOURCE, ["spline_forward", "spline_backward"])
     if module is None: return None, name
     _CppBackend.module = module
-    return _CppBackend, f"fused C++ kernel {name} (OpenMP, {torch.get_num_threads()} threads)"
+    return _CppBackend, f"fused C++ kernel {name} (OpenMP; it uses the threads torch is set to when it runs)"
 
 _LOADERS["cpp"] = _load_cpp
 
