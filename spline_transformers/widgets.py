@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 # %% auto #0
-__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'has_widget_frontend', 'reference_curve', 'SplineRef',
-           'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain', 'LiveFigure', 'SplineEditor',
+__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SplineEditor', 'has_widget_frontend', 'reference_curve',
+           'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain', 'LiveFigure',
            'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
            'TrainingMonitor']
 
@@ -34,6 +34,68 @@ from fastcore.basics import patch
 from .splines import LinearSpline, SplineBank, init_values, reference_function as _reference, REFERENCES as SPLINE_REFERENCES
 from .viz import BookRenderer
 from .core import check_option
+
+# %% ../nbs/30_widgets.ipynb #f2fa0bb5
+class SplineEditor:
+    "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
+    INSTRUCTIONS = "drag a knot, or pick one with the knot slider and move its value"
+    def __init__(self,
+                 target,                         # LinearSpline, SplineBank, Nonlinearities, a model, or a SplineRef
+                 effect:Optional[Callable]=None, # called with no arguments after each edit; returns a number, dict, array or figure
+                 reference:Optional[str]=None,   # reference curve for every spline (None: per spline, GeLU or exp)
+                 throttle:float=0.25,            # at most one effect run per `throttle` seconds (0: after every edit)
+                 effect_title:str="live effect", # title of the effect panel
+                ):
+        if reference is not None: check_option(reference, REFERENCES, "reference", also="None")
+        self.refs = find_splines(target)
+        self.reference, self.effect, self.effect_title = reference, effect, effect_title
+        self.learned = {n: r.values.detach().clone() for n, r in self.refs.items()}   # for "reset to learned"
+        self.history = []        # undo stack: (spline name, values before the edit, what the edit was)
+        self.n_effect_runs, self.last_effect, self.first_effect = 0, None, None
+        self._quiet = False      # True while the editor itself updates widgets (ignore their events)
+        self._sliding = False    # True while an edit comes from the value slider (keep its range still)
+        self.name = next(iter(self.refs))
+        self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
+        self._simulated = False  # True while `move_slider` plays the reader
+        self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
+        self.fig._config = dict(STATIC_CONFIG)
+        self.fig.layout.on_change(self._on_shapes, "shapes")
+        K = len(self.ref.knots)
+        self.picker = W.Dropdown(options=list(self.refs), value=self.name, description="spline",
+                                 layout=W.Layout(display="flex" if len(self.refs) > 1 else "none"))
+        self.knot_slider = W.IntSlider(0, 0, K - 1, description="knot", continuous_update=True, layout=W.Layout(width="45%"))
+        self.value_slider = W.FloatSlider(0.0, min=-1.0, max=1.0, step=0.001, description="value", continuous_update=True,
+                                          readout_format=".3f", layout=W.Layout(width="55%"))
+        self.buttons = {n: W.Button(description=n, layout=W.Layout(width="auto")) for n in
+                        ("gelu", "relu", "identity", "exp", "learned", "undo")}
+        for n, b in self.buttons.items():
+            b.on_click(lambda _b, n=n: self.undo() if n == "undo" else self.reset(n))
+            b.tooltip = "undo the last edit" if n == "undo" else f"reset this spline to {n}"
+        self.status = W.HTML()
+        self.picker.observe(lambda ch: self.select(ch["new"]), "value")
+        self.knot_slider.observe(lambda ch: self._on_knot(ch["new"]), "value")
+        self.value_slider.observe(lambda ch: self._on_value(ch["new"]), "value")
+        self.effect_fig, self.effect_text = None, W.HTML()
+        self._effect = Throttle(self._run_effect, throttle)
+        self._sync_sliders(0)
+        if effect is not None: self._effect()      # the first run goes through the throttle (it starts the clock)
+        self._set_status(self.INSTRUCTIONS)
+        self.widget = W.VBox([self.picker, self.fig, W.HBox([self.knot_slider, self.value_slider]),
+                              W.HBox([W.Label("reset to:")] + [b for n, b in self.buttons.items() if n != "undo"] + [self.buttons["undo"]]),
+                              self.status] + ([self.effect_text, self.effect_fig] if self.effect_fig is not None else []))
+
+    @property
+    def ref(self)->SplineRef: return self.refs[self.name]
+    @property
+    def values(self)->torch.Tensor:
+        "The values of the spline being edited (a view into its module)."
+        return self.ref.values
+    def _reference(self): return self.reference or self.ref.reference
+    def _set_status(self, msg): self.status.value = f"<small>{msg} · undo steps: {len(self.history)}</small>"
+    def clear_history(self):
+        "Forget the undo steps, and show the instructions again (the values stay as they are)."
+        self.history.clear(); self._set_status(self.INSTRUCTIONS)
+    def __repr__(self): return f"SplineEditor({list(self.refs)}, editing {self.name!r})"
 
 # %% ../nbs/30_widgets.ipynb #583e82be
 ENV_WIDGETS = "SPLINE_TRANSFORMERS_WIDGETS"
@@ -318,68 +380,6 @@ class LiveFigure(go.FigureWidget):
     def _send_addTraces_msg(self, *a, **k): super()._send_addTraces_msg(*a, **k); self.keep_state()
     def _send_deleteTraces_msg(self, *a, **k): super()._send_deleteTraces_msg(*a, **k); self.keep_state()
     def _send_moveTraces_msg(self, *a, **k): super()._send_moveTraces_msg(*a, **k); self.keep_state()
-
-# %% ../nbs/30_widgets.ipynb #f2fa0bb5
-class SplineEditor:
-    "Edit the splines of `target` live: drag knots or move sliders; edits write into the module's values in place."
-    INSTRUCTIONS = "drag a knot, or pick one with the knot slider and move its value"
-    def __init__(self,
-                 target,                         # LinearSpline, SplineBank, Nonlinearities, a model, or a SplineRef
-                 effect:Optional[Callable]=None, # called with no arguments after each edit; returns a number, dict, array or figure
-                 reference:Optional[str]=None,   # reference curve for every spline (None: per spline, GeLU or exp)
-                 throttle:float=0.25,            # at most one effect run per `throttle` seconds (0: after every edit)
-                 effect_title:str="live effect", # title of the effect panel
-                ):
-        if reference is not None: check_option(reference, REFERENCES, "reference", also="None")
-        self.refs = find_splines(target)
-        self.reference, self.effect, self.effect_title = reference, effect, effect_title
-        self.learned = {n: r.values.detach().clone() for n, r in self.refs.items()}   # for "reset to learned"
-        self.history = []        # undo stack: (spline name, values before the edit, what the edit was)
-        self.n_effect_runs, self.last_effect, self.first_effect = 0, None, None
-        self._quiet = False      # True while the editor itself updates widgets (ignore their events)
-        self._sliding = False    # True while an edit comes from the value slider (keep its range still)
-        self.name = next(iter(self.refs))
-        self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
-        self._simulated = False  # True while `move_slider` plays the reader
-        self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
-        self.fig._config = dict(STATIC_CONFIG)
-        self.fig.layout.on_change(self._on_shapes, "shapes")
-        K = len(self.ref.knots)
-        self.picker = W.Dropdown(options=list(self.refs), value=self.name, description="spline",
-                                 layout=W.Layout(display="flex" if len(self.refs) > 1 else "none"))
-        self.knot_slider = W.IntSlider(0, 0, K - 1, description="knot", continuous_update=True, layout=W.Layout(width="45%"))
-        self.value_slider = W.FloatSlider(0.0, min=-1.0, max=1.0, step=0.001, description="value", continuous_update=True,
-                                          readout_format=".3f", layout=W.Layout(width="55%"))
-        self.buttons = {n: W.Button(description=n, layout=W.Layout(width="auto")) for n in
-                        ("gelu", "relu", "identity", "exp", "learned", "undo")}
-        for n, b in self.buttons.items():
-            b.on_click(lambda _b, n=n: self.undo() if n == "undo" else self.reset(n))
-            b.tooltip = "undo the last edit" if n == "undo" else f"reset this spline to {n}"
-        self.status = W.HTML()
-        self.picker.observe(lambda ch: self.select(ch["new"]), "value")
-        self.knot_slider.observe(lambda ch: self._on_knot(ch["new"]), "value")
-        self.value_slider.observe(lambda ch: self._on_value(ch["new"]), "value")
-        self.effect_fig, self.effect_text = None, W.HTML()
-        self._effect = Throttle(self._run_effect, throttle)
-        self._sync_sliders(0)
-        if effect is not None: self._effect()      # the first run goes through the throttle (it starts the clock)
-        self._set_status(self.INSTRUCTIONS)
-        self.widget = W.VBox([self.picker, self.fig, W.HBox([self.knot_slider, self.value_slider]),
-                              W.HBox([W.Label("reset to:")] + [b for n, b in self.buttons.items() if n != "undo"] + [self.buttons["undo"]]),
-                              self.status] + ([self.effect_text, self.effect_fig] if self.effect_fig is not None else []))
-
-    @property
-    def ref(self)->SplineRef: return self.refs[self.name]
-    @property
-    def values(self)->torch.Tensor:
-        "The values of the spline being edited (a view into its module)."
-        return self.ref.values
-    def _reference(self): return self.reference or self.ref.reference
-    def _set_status(self, msg): self.status.value = f"<small>{msg} · undo steps: {len(self.history)}</small>"
-    def clear_history(self):
-        "Forget the undo steps, and show the instructions again (the values stay as they are)."
-        self.history.clear(); self._set_status(self.INSTRUCTIONS)
-    def __repr__(self): return f"SplineEditor({list(self.refs)}, editing {self.name!r})"
 
 # %% ../nbs/30_widgets.ipynb #8c55bec1
 @patch
