@@ -36,20 +36,6 @@ SHARINGS = ("shared", "per_layer", "ends")  # how splines are shared across laye
 NORMS = ("rmsnorm", "layernorm")  # normalisation layers
 
 # %% ../nbs/03_model.ipynb #475c14ef
-def _check_init(init, what):
-    "A spline init as the config keeps it: a known name, a finite number (as a float) or a callable."
-    if callable(init): return init
-    if isinstance(init, str):
-        check_option(init, INITS, what, also="a number or a callable")
-        return init
-    if isinstance(init, (bool, np.bool_)) or not isinstance(init, (numbers.Real, torch.Tensor)):
-        raise ValueError(f"{what}={init!r}: give a name ({', '.join(map(repr, INITS))}), a number, or a callable")
-    return check_number(what, init)
-
-def _check_bool(name, v)->bool:
-    if not isinstance(v, (bool, np.bool_)): raise ValueError(f"{name} must be True or False, got {v!r}")
-    return bool(v)
-
 @dataclass
 class TransformerConfig:
     "The architecture of a decoder-only `Transformer`, its nonlinearities included."
@@ -120,6 +106,20 @@ class TransformerConfig:
     def from_dict(cls, d:dict)->"TransformerConfig":
         "A config from `to_dict`'s output; unknown keys are an error."
         return from_dict(cls, d)
+
+def _check_init(init, what):
+    "A spline init as the config keeps it: a known name, a finite number (as a float) or a callable."
+    if callable(init): return init
+    if isinstance(init, str):
+        check_option(init, INITS, what, also="a number or a callable")
+        return init
+    if isinstance(init, (bool, np.bool_)) or not isinstance(init, (numbers.Real, torch.Tensor)):
+        raise ValueError(f"{what}={init!r}: give a name ({', '.join(map(repr, INITS))}), a number, or a callable")
+    return check_number(what, init)
+
+def _check_bool(name, v)->bool:
+    if not isinstance(v, (bool, np.bool_)): raise ValueError(f"{name} must be True or False, got {v!r}")
+    return bool(v)
 
 # %% ../nbs/03_model.ipynb #aae86826
 def spline_layout(
