@@ -150,15 +150,17 @@ def main(
         torch.set_num_threads(a.threads); os.environ["SPLINE_TRANSFORMERS_THREADS"] = str(a.threads)
     dist = a.command in ("phase1", "transfer") and is_distributed()
     if dist: sub += f" (rank {os.environ.get('RANK', '?')})"   # every rank reports its own error
+    def say(line):   # one write per line: ranks share stderr, and print's separate newline could interleave with theirs
+        sys.stderr.write(line + "\n"); sys.stderr.flush()
     try: code = a.func(a)
-    except TrainingDiverged as e: print(f"{sub}: training diverged: {e}", file=sys.stderr); code = 1
-    except KeyboardInterrupt: print(f"{sub}: interrupted", file=sys.stderr); code = 130
-    except RankFailure as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2   # another rank died: relaunch with --resume
-    except INPUT_ERRORS as e: print(f"{sub}: error: {error_message(e)}", file=sys.stderr); code = 2
+    except TrainingDiverged as e: say(f"{sub}: training diverged: {e}"); code = 1
+    except KeyboardInterrupt: say(f"{sub}: interrupted"); code = 130
+    except RankFailure as e: say(f"{sub}: error: {error_message(e)}"); code = 2   # another rank died: relaunch with --resume
+    except INPUT_ERRORS as e: say(f"{sub}: error: {error_message(e)}"); code = 2
     except Exception as e:
         if os.environ.get("SPLINE_TRANSFORMERS_DEBUG"): raise
         import traceback; traceback.print_exc()
-        print(f"{sub}: failed: {type(e).__name__}: {e}", file=sys.stderr); code = 1
+        say(f"{sub}: failed: {type(e).__name__}: {e}"); code = 1
     if dist: shutdown(code)
     return code
 
