@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'STANDARD', 'PHASE1_FORMAT', 'PHASE1_KEYS',
-           'MATRICES', 'Phase1Config', 'phase1', 'arch_for', 'standard_arch', 'spline_arch', 'Phase1Result',
-           'load_phase1', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2',
+__all__ = ['ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'PHASE1_KEYS', 'STANDARD',
+           'MATRICES', 'Phase1Config', 'Phase1Result', 'load_phase1', 'phase1', 'arch_for', 'standard_arch',
+           'spline_arch', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2',
            'baseline', 'compare', 'corpus_summary', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell',
            'TransferMatrix', 'assemble_transfer', 'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig',
            'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
@@ -72,6 +72,61 @@ class Phase1Config:
     def from_dict(cls, d:dict)->"Phase1Config":
         "A config from `to_dict`'s output; unknown keys are an error."
         return from_dict(cls, d)
+
+# %% ../nbs/08_two_phase.ipynb #f0ca29fe
+PHASE1_FORMAT = "spline_transformers.phase1/1"
+
+@dataclass
+class Phase1Result:
+    "What `phase1` returns: the learned nonlinearities, the best ones by held-out loss, metrics, cost and configs."
+    nonlinearities:Nonlinearities # final splines (CPU, frozen copy)
+    best:Nonlinearities # splines with the lowest mean D_arch loss at an evaluation (CPU, frozen copy)
+    best_step:int # the step of `best`
+    metrics:pd.DataFrame # tidy metrics of the M models (model column "phase1")
+    cost:dict # steps, wall_time_s, step_time_s, device, n_models
+    config:dict # {"arch": ..., "train": ..., "phase1": ..., "data": ...}
+    ensemble:Optional[nn.Module]=None # the trained ensemble (None when loaded from disk)
+
+    def save(self, folder:Union[str,Path])->Path:
+        "Write `nonlinearities.safetensors`, `best.safetensors` (each with a .json), `phase1.json` and `metrics.csv`."
+        folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(folder)   # left by a save that was killed
+        self.nonlinearities.save(folder / "nonlinearities.safetensors")
+        self.best.save(folder / "best.safetensors")
+        info = {"format": PHASE1_FORMAT, "best_step": self.best_step, "cost": self.cost, **self.config}
+        atomic_write(folder / "metrics.csv", self.metrics.to_csv(index=False))
+        atomic_write(folder / "phase1.json", json.dumps(info, indent=2))   # last: a folder with phase1.json is complete
+        return folder
+
+PHASE1_KEYS = {"format": str, "best_step": int, "cost": dict}  # what `load_phase1` needs in phase1.json, with their types
+
+def _read_phase1_json(path:Path)->dict:
+    "phase1.json as a dict with `PHASE1_KEYS`; a ValueError naming the file and the fix otherwise."
+    fix = f"re-run phase1 to write it again, or use the splines file {path.parent / 'nonlinearities.safetensors'} directly"
+    try: info = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:   # bad JSON, not UTF-8, or nested too deeply
+        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); the file is corrupt: {fix}") from None
+    if not isinstance(info, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(info), "null")
+        raise ValueError(f"{path} holds a JSON {kind}, not an object (Phase1Result.save writes one): {fix}")
+    for k, t in PHASE1_KEYS.items():
+        if k not in info: raise ValueError(f"{path} is missing the key {k!r}: {fix}")
+        if not isinstance(info[k], t) or isinstance(info[k], bool):
+            raise ValueError(f"{path}: {k!r} is a JSON {type(info[k]).__name__}, expected {'an object' if t is dict else 'a ' + t.__name__}: {fix}")
+    if info["format"] != PHASE1_FORMAT: raise ValueError(f"{path}: format {info['format']!r}, expected {PHASE1_FORMAT!r}: {fix}")
+    return info
+
+def load_phase1(folder:Union[str,Path])->Phase1Result:
+    "Read a Phase I result written by `Phase1Result.save` (no unpickling; corrupt files are clear errors)."
+    folder = Path(folder)
+    info_path = folder / "phase1.json"
+    if not info_path.is_file(): raise FileNotFoundError(f"no phase1.json in {folder}; is it a folder written by Phase1Result.save?")
+    info = _read_phase1_json(info_path)
+    nl = Nonlinearities.load(folder / "nonlinearities.safetensors").freeze()
+    best = Nonlinearities.load(folder / "best.safetensors").freeze()
+    metrics = metrics_frame(pd.read_csv(folder / "metrics.csv").to_dict("records")) if (folder / "metrics.csv").exists() else metrics_frame([])
+    return Phase1Result(nl, best, int(info["best_step"]), metrics, info["cost"],
+                        {k: info.get(k) for k in ("arch", "train", "phase1", "data")})
 
 # %% ../nbs/08_two_phase.ipynb #5b7f9aae
 def phase1(
@@ -180,61 +235,6 @@ def spline_arch(arch:TransformerConfig, mlp:bool=True, attn:bool=True)->Transfor
     "`arch` with a learned spline as MLP activation and/or attention kernel."
     return replace(arch, mlp_act=("glu_spline" if arch.mlp_act in ("swiglu", "glu_spline") else "spline") if mlp else arch.mlp_act,
                    attn_fn="spline" if attn else arch.attn_fn)
-
-# %% ../nbs/08_two_phase.ipynb #f0ca29fe
-PHASE1_FORMAT = "spline_transformers.phase1/1"
-
-@dataclass
-class Phase1Result:
-    "What `phase1` returns: the learned nonlinearities, the best ones by held-out loss, metrics, cost and configs."
-    nonlinearities:Nonlinearities # final splines (CPU, frozen copy)
-    best:Nonlinearities # splines with the lowest mean D_arch loss at an evaluation (CPU, frozen copy)
-    best_step:int # the step of `best`
-    metrics:pd.DataFrame # tidy metrics of the M models (model column "phase1")
-    cost:dict # steps, wall_time_s, step_time_s, device, n_models
-    config:dict # {"arch": ..., "train": ..., "phase1": ..., "data": ...}
-    ensemble:Optional[nn.Module]=None # the trained ensemble (None when loaded from disk)
-
-    def save(self, folder:Union[str,Path])->Path:
-        "Write `nonlinearities.safetensors`, `best.safetensors` (each with a .json), `phase1.json` and `metrics.csv`."
-        folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(folder)   # left by a save that was killed
-        self.nonlinearities.save(folder / "nonlinearities.safetensors")
-        self.best.save(folder / "best.safetensors")
-        info = {"format": PHASE1_FORMAT, "best_step": self.best_step, "cost": self.cost, **self.config}
-        atomic_write(folder / "metrics.csv", self.metrics.to_csv(index=False))
-        atomic_write(folder / "phase1.json", json.dumps(info, indent=2))   # last: a folder with phase1.json is complete
-        return folder
-
-PHASE1_KEYS = {"format": str, "best_step": int, "cost": dict}  # what `load_phase1` needs in phase1.json, with their types
-
-def _read_phase1_json(path:Path)->dict:
-    "phase1.json as a dict with `PHASE1_KEYS`; a ValueError naming the file and the fix otherwise."
-    fix = f"re-run phase1 to write it again, or use the splines file {path.parent / 'nonlinearities.safetensors'} directly"
-    try: info = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e:   # bad JSON, not UTF-8, or nested too deeply
-        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); the file is corrupt: {fix}") from None
-    if not isinstance(info, dict):
-        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(info), "null")
-        raise ValueError(f"{path} holds a JSON {kind}, not an object (Phase1Result.save writes one): {fix}")
-    for k, t in PHASE1_KEYS.items():
-        if k not in info: raise ValueError(f"{path} is missing the key {k!r}: {fix}")
-        if not isinstance(info[k], t) or isinstance(info[k], bool):
-            raise ValueError(f"{path}: {k!r} is a JSON {type(info[k]).__name__}, expected {'an object' if t is dict else 'a ' + t.__name__}: {fix}")
-    if info["format"] != PHASE1_FORMAT: raise ValueError(f"{path}: format {info['format']!r}, expected {PHASE1_FORMAT!r}: {fix}")
-    return info
-
-def load_phase1(folder:Union[str,Path])->Phase1Result:
-    "Read a Phase I result written by `Phase1Result.save` (no unpickling; corrupt files are clear errors)."
-    folder = Path(folder)
-    info_path = folder / "phase1.json"
-    if not info_path.is_file(): raise FileNotFoundError(f"no phase1.json in {folder}; is it a folder written by Phase1Result.save?")
-    info = _read_phase1_json(info_path)
-    nl = Nonlinearities.load(folder / "nonlinearities.safetensors").freeze()
-    best = Nonlinearities.load(folder / "best.safetensors").freeze()
-    metrics = metrics_frame(pd.read_csv(folder / "metrics.csv").to_dict("records")) if (folder / "metrics.csv").exists() else metrics_frame([])
-    return Phase1Result(nl, best, int(info["best_step"]), metrics, info["cost"],
-                        {k: info.get(k) for k in ("arch", "train", "phase1", "data")})
 
 # %% ../nbs/08_two_phase.ipynb #8bb5942e
 def _staggered_starts(n_models:int, steps:int)->list:
