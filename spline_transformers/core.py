@@ -7,7 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 # %% ../nbs/00_core.ipynb #08967134
 from __future__ import annotations
 import hashlib, json, math, numbers, os, platform, shutil, socket, sys, tempfile, time, warnings
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
 

