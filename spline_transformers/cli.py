@@ -20,7 +20,7 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'seed_list', 'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names',
            'check_run_args', 'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args',
            'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer',
-           'example_files', 'cmd_interpolate', 'cmd_prepare']
+           'example_files', 'cmd_interpolate', 'cmd_prepare', 'cmd_reproduce']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
@@ -34,6 +34,7 @@ from .model import TransformerConfig, Nonlinearities, MLP_ACTS, SHARINGS
 from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
+from .experiments import EXPERIMENTS, SIZES, reproduce, experiments_table
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, transfer,
                                            as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
 from . import report
@@ -41,7 +42,7 @@ from .distributed import is_distributed, distributed_phase1, distributed_transfe
 
 # %% ../nbs/22_cli.ipynb #a5a0242d
 def build_parser()->argparse.ArgumentParser:
-    "The `spline-transformers` argument parser with its six sub-commands."
+    "The `spline-transformers` argument parser with its seven sub-commands."
     p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description="Transformers with learned nonlinearities (splines), and exact interpolation.\n"
                                             "Run `spline-transformers demo` for the main job; `spline-transformers COMMAND --help` for each command.")
@@ -115,6 +116,24 @@ def build_parser()->argparse.ArgumentParser:
     i.add_argument("--mode", choices=["paper", "compact"], default="paper", help="paper: the theorem's block count; compact: no identity padding")
     i.add_argument("--json", action="store_true", help="print the result as JSON")
     i.set_defaults(func=cmd_interpolate)
+
+    r = sub.add_parser("reproduce", formatter_class=fmt, help="run the book's registered experiments (Part II) and write their results",
+                       description="Runs registered experiments (chapter 9): each is split into cells (a Phase I run, one Phase II arm and "
+                                   "seed, one transfer cell) that run --jobs at a time in one-thread processes. Writes per experiment "
+                                   "summary.json (claim, paper's number, per-seed table, verdict by the rule fixed before the run), "
+                                   "metrics.csv, the learned splines and provenance.json. A killed run continues with --resume. "
+                                   "`reproduce --list` shows the experiments.",
+                       epilog="examples:\n  spline-transformers reproduce --list\n  spline-transformers reproduce add --size smoke\n"
+                              "  spline-transformers reproduce all --size cpu --jobs 2 --out results --resume")
+    r.add_argument("names", nargs="*", metavar="NAME", help="experiments to run, or 'all' (see --list)")
+    r.add_argument("--list", action="store_true", help="list the experiments (name, task, cells, claim) and exit")
+    r.add_argument("--size", choices=list(SIZES), default="cpu", help="smoke: seconds (not evidence); cpu: the committed results; gpu: the paper's sizes")
+    r.add_argument("--jobs", type=int_arg(1), default=1, help="cells run at once, each a one-thread process (2 on 2 cores)")
+    r.add_argument("--out", default="results", help="results folder (cells are kept under OUT/.cells)")
+    r.add_argument("--resume", action="store_true", help="continue the cells a killed run left unfinished")
+    r.add_argument("--device", default="cpu", help="where the cells train: cpu, or cuda for the gpu size")
+    r.add_argument("--quiet", action="store_true", help="no progress lines, only the verdicts")
+    r.set_defaults(func=cmd_reproduce)
 
     pr = sub.add_parser("prepare", formatter_class=fmt, help="materialise a corpus into token arrays",
                         description="Writes train.bin / val.bin (token ids), the tokenizer and meta.json for a corpus, once; later runs reuse them.")
@@ -661,6 +680,24 @@ def cmd_prepare(a)->int:
                      overwrite=a.overwrite, progress=show_progress(a))
     stats = corpus_stats(TokenArrays(folder, block_size=1, name=a.corpus))
     for k, v in stats.items(): print(f"{k:>12}: {v}")
+    return 0
+
+# %% ../nbs/22_cli.ipynb #5ec25a19
+def cmd_reproduce(a)->int:
+    "List the registered experiments, or run some of them at a size and print each verdict."
+    if a.list:
+        t = experiments_table(a.size, a.out)
+        for r in t.itertuples():
+            cost = f", measured {r.measured_cell_s / 60:.0f} min of cell time" if isinstance(r.measured_cell_s, (int, float)) and r.measured_cell_s == r.measured_cell_s else ""
+            print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {r.claim}")
+        return 0
+    if not a.names: raise UsageError("name the experiments to run (or 'all'); `spline-transformers reproduce --list` shows them")
+    names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS), "experiment") for n in a.names]
+    res = reproduce(names if names != ["all"] else "all", a.size, a.jobs, a.out, a.resume, a.device,
+                    log=None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True)), command=_command_line())
+    for n, s in res.items():
+        v = s["verdicts"][0]
+        print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}]; paper: {s['paper']})")
     return 0
 
 # %% ../nbs/22_cli.ipynb #a45759e4

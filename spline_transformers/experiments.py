@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'EXPERIMENTS', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Experiment', 'Cell',
-           'cells', 'transfer_source', 'transfer_matrix_cells', 'run_cell', 'paired_bootstrap', 'per_seed', 'arm_table',
-           'decide', 'register', 'get_experiment', 'cpu_setting', 'provenance', 'attention_tail', 'summarise',
-           'summarise_transfer', 'reproduce', 'load_result', 'stale_results', 'experiments_table']
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting',
+           'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'run_cell', 'lower_median', 'paired_bootstrap',
+           'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting', 'provenance',
+           'attention_tail', 'summarise', 'summarise_transfer', 'reproduce', 'results_dir', 'load_result',
+           'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'curves_figure', 'steps_figure',
+           'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'findings_table',
+           'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -31,7 +34,34 @@ from .train import TrainConfig, metrics_frame, steps_to_threshold
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, check_disjoint_seeds,
                                            PHASE1_SEED_START)
 
-# %% ../nbs/09_experiments.ipynb #f00d171c
+# %% ../nbs/09_experiments.ipynb #0308d9fb
+@dataclass(frozen=True)
+class Experiment:
+    "A claim of the paper, the paper's number, the rule that decides it, and the experiment at three sizes."
+    name:str # registry name, e.g. "add"
+    title:str # a short title for tables
+    claim:str # the claim tested, in one sentence
+    paper:str # what the paper reports (spec §6)
+    task:str # the task (one of TASKS)
+    sizes:dict # size -> Setting (must hold "smoke", "cpu" and "gpu")
+    verdicts:tuple # the `Verdict`s, the headline first
+    chapter:str="" # the chapter that teaches from the results
+    paper_value:Optional[float]=None # the paper's number, where it is one number (e.g. 2.5 for "2–3× faster")
+    sources:tuple=() # other experiments whose Phase I runs this one uses ("EXP/RUN" in an arm's source)
+    transfer_arm:str="learned" # the arm whose architecture and first Phase I run the transfer matrix uses for this task
+    targets:tuple=() # a transfer matrix: the experiments whose tasks are its columns and whose learned splines are its rows
+
+    def setting(self, size:str):
+        "The `Setting` of `size`."
+        check_option(size, SIZES, "size")
+        return self.sizes[size]
+
+    def config_hash(self, size:str)->str:
+        "The hash of `size`'s setting, with the claim, rule and the settings of the experiments it draws splines from."
+        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets}
+        return _hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
+
+# %% ../nbs/09_experiments.ipynb #2fbb8e11
 SIZES = ("smoke", "cpu", "gpu")  # the three sizes of every experiment
 STATISTICS = ("speedup", "final_test", "final_ood", "diagonal")  # what a verdict can compare
 VERDICTS = ("reproduced", "reversed", "inconclusive")  # what a verdict can say
@@ -77,7 +107,7 @@ class Verdict:
         return (f"reproduced if the paired bootstrap {self.confidence:.0%} interval of {what} lies above {self.above:g}; "
                 f"reversed if it lies below {self.above:g}; inconclusive otherwise")
 
-# %% ../nbs/09_experiments.ipynb #dd9aee95
+# %% ../nbs/09_experiments.ipynb #c3479042
 @dataclass(frozen=True)
 class Setting:
     "One size of an experiment: everything that decides its numbers."
@@ -100,37 +130,12 @@ class Setting:
                 "phase1_runs": [asdict(r) for r in self.phase1_runs], "arms": [asdict(a) for a in self.arms],
                 "seeds": list(self.seeds), "threshold": self.threshold, "metric": self.metric, "eval_by": list(self.eval_by)}
 
+# %% ../nbs/09_experiments.ipynb #92f991ba
 def _canonical(x)->str: return json.dumps(x, sort_keys=True, default=list, separators=(",", ":"))
 
 def _hash(x)->str: return hashlib.sha256(_canonical(x).encode()).hexdigest()[:16]
 
-@dataclass(frozen=True)
-class Experiment:
-    "A claim of the paper, the paper's number, the rule that decides it, and the experiment at three sizes."
-    name:str # registry name, e.g. "add"
-    title:str # a short title for tables
-    claim:str # the claim tested, in one sentence
-    paper:str # what the paper reports (spec §6)
-    task:str # the task (one of TASKS)
-    sizes:dict # size -> Setting (must hold "smoke", "cpu" and "gpu")
-    verdicts:tuple # the `Verdict`s, the headline first
-    chapter:str="" # the chapter that teaches from the results
-    paper_value:Optional[float]=None # the paper's number, where it is one number (e.g. 2.5 for "2–3× faster")
-    sources:tuple=() # other experiments whose Phase I runs this one uses ("EXP/RUN" in an arm's source)
-    transfer_arm:str="learned" # the arm whose architecture and first Phase I run the transfer matrix uses for this task
-    targets:tuple=() # a transfer matrix: the experiments whose tasks are its columns and whose learned splines are its rows
-
-    def setting(self, size:str)->Setting:
-        "The setting of `size`."
-        check_option(size, SIZES, "size")
-        return self.sizes[size]
-
-    def config_hash(self, size:str)->str:
-        "The hash of `size`'s setting, with the claim, rule and the settings of the experiments it draws splines from."
-        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets}
-        return _hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
-
-# %% ../nbs/09_experiments.ipynb #4775be4b
+# %% ../nbs/09_experiments.ipynb #22dc3633
 @dataclass(frozen=True, eq=False)
 class Cell:
     "One unit of work: a Phase I run or one Phase II (arm, seed) run, named by the hash of its spec."
@@ -181,7 +186,7 @@ def cells(exp:Experiment, size:str)->list:
             out.append(Cell(_hash(spec), spec, deps, f"{exp.name}/{arm.name}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #dde3e3fc
+# %% ../nbs/09_experiments.ipynb #98b393b1
 def _train_spec(e:Experiment, size:str, arch:TransformerConfig, seed:int, nonlinearities)->dict:
     s = e.setting(size)
     return {"kind": "train", "task": e.task, "task_params": dict(s.task_params), "arch": arch.to_dict(), "train": _device_free(s.train),
@@ -209,7 +214,7 @@ def transfer_matrix_cells(exp:Experiment, size:str)->list:
                 out.append(Cell(_hash(spec), spec, () if row == "standard" else (srcs[row][1].key,), f"{exp.name}/{row}->{t}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #696acb28
+# %% ../nbs/09_experiments.ipynb #1cf93a7d
 def _train_config(d:dict, device:str, folder:Path)->TrainConfig:
     return TrainConfig.from_dict({**d, "device": device, "progress": False, "checkpoint_dir": str(folder / "ckpt"), "keep_checkpoints": 1})
 
@@ -253,9 +258,13 @@ def run_cell(
     atomic_write(folder / "done.json", json.dumps(done))
     return done
 
-# %% ../nbs/09_experiments.ipynb #c94f214a
+# %% ../nbs/09_experiments.ipynb #43426b78
+def lower_median(v)->float:
+    "The lower median: a value some seed actually has (with half the seeds at infinity, still finite)."
+    return float(np.quantile(np.asarray(v, dtype=float), 0.5, method="inverted_cdf"))
+
 def _ratio(ref:np.ndarray, arm:np.ndarray)->float:
-    a, r = float(np.median(arm)), float(np.median(ref))
+    a, r = lower_median(arm), lower_median(ref)
     if math.isinf(a) and math.isinf(r): return 1.0
     if math.isinf(a): return 0.0
     return math.inf if math.isinf(r) else (r / a if a > 0 else math.inf)
@@ -268,7 +277,7 @@ def paired_bootstrap(
     confidence:float=0.95, # interval coverage
     seed:int=0, # the bootstrap's own seed (results are reproducible)
 )->tuple:
-    "(estimate, low, high): the statistic on all seeds and its paired bootstrap interval."
+    "(estimate, low, high): the statistic on all seeds and its paired bootstrap interval (speed-ups use lower medians)."
     ref, arm = np.asarray(ref, dtype=float), np.asarray(arm, dtype=float)
     if ref.shape != arm.shape or ref.ndim != 1 or len(ref) == 0:
         raise ValueError(f"paired values need two equal-length non-empty lists, got {ref.shape} and {arm.shape}")
@@ -279,7 +288,7 @@ def paired_bootstrap(
     lo, hi = np.quantile(draws, [a, 1 - a], method="inverted_cdf")
     return f(ref, arm), float(lo), float(hi)
 
-# %% ../nbs/09_experiments.ipynb #c152b606
+# %% ../nbs/09_experiments.ipynb #e5da4cb3
 def per_seed(
     metrics:pd.DataFrame, # tidy metrics of all arms (the `model` column names the arm)
     threshold:float=0.95, # accuracy that counts as learned
@@ -320,7 +329,7 @@ def decide(
     return {"arm": v.arm, "reference": v.reference, "statistic": v.statistic, "estimate": est, "low": lo, "high": hi,
             "seeds": len(both), "verdict": verdict, "rule": v.rule}
 
-# %% ../nbs/09_experiments.ipynb #e3feffcb
+# %% ../nbs/09_experiments.ipynb #5b96421f
 EXPERIMENTS:dict = {}  # name -> Experiment, in the order of the book
 
 def register(exp:Experiment)->Experiment:
@@ -386,7 +395,7 @@ def cpu_setting(
                    replace(_BASE_P1_TRAIN, **(phase1_train or {})), Phase1Config(**{"spline_lr": 0.01, **(p1 or {})}),
                    tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, "seq_acc", tuple(eval_by))
 
-# %% ../nbs/09_experiments.ipynb #de63473e
+# %% ../nbs/09_experiments.ipynb #f4e54f16
 _CELL_WORKER = ("import json, sys, torch; torch.set_num_threads(1); from spline_transformers.experiments import Cell, run_cell; "
                 "d = json.loads(sys.argv[1]); run_cell(Cell(d['key'], d['spec'], tuple(d['deps']), d['label']), sys.argv[2], sys.argv[3])")
 
@@ -428,7 +437,7 @@ def provenance(
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join(["spline-transformers"] + sys.argv[1:])}
 
-# %% ../nbs/09_experiments.ipynb #50543ffe
+# %% ../nbs/09_experiments.ipynb #5614e669
 def _finite(x):
     "JSON-safe: non-finite floats become None (a seed that never reached the threshold has steps None and reached False)."
     if isinstance(x, dict): return {k: _finite(v) for k, v in x.items()}
@@ -497,7 +506,7 @@ def summarise(
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))   # last: a folder with summary.json is complete
     return summary
 
-# %% ../nbs/09_experiments.ipynb #7eb634d6
+# %% ../nbs/09_experiments.ipynb #f3ec9614
 def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1, command:Optional[str]=None)->dict:
     "Write a transfer matrix's folder: summary.json (matrices, per-seed table, diagonal verdict), metrics.csv, provenance.json."
     out = Path(out); root, folder = out / ".cells", out / exp.name
@@ -537,7 +546,7 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
 
-# %% ../nbs/09_experiments.ipynb #8a93e731
+# %% ../nbs/09_experiments.ipynb #9812197b
 def _pending(names:Sequence[str], size:str, root:Path)->tuple:
     "All cells of `names` (shared ones once) and the experiment labels of each."
     todo, owners = {}, {}
@@ -613,13 +622,20 @@ def reproduce(
                 if p.poll() is None: p.terminate(); p.wait()
     return {n: results[n] for n in names if n in results}
 
-# %% ../nbs/09_experiments.ipynb #1ef334a2
+# %% ../nbs/09_experiments.ipynb #82f7bd8c
+def results_dir()->Path:
+    "Where committed results are read from: `$SPLINE_TRANSFORMERS_RESULTS`, else the checkout's `results/` (next to the package), else ./results."
+    if os.environ.get("SPLINE_TRANSFORMERS_RESULTS"): return Path(os.environ["SPLINE_TRANSFORMERS_RESULTS"])
+    repo = Path(__file__).resolve().parents[1] / "results"
+    return repo if repo.is_dir() else Path("results")
+
 def load_result(
     name:str, # experiment name
-    root:Union[str,Path]="results", # the results folder
+    root:Optional[Union[str,Path]]=None, # the results folder (default: `results_dir()`)
 )->dict:
     "A committed result: its summary, provenance and tables (metrics, phase1_metrics, by_size where present)."
-    folder = Path(root) / name
+    root = results_dir() if root is None else Path(root)
+    folder = root / name
     if not (folder / "summary.json").is_file():
         raise FileNotFoundError(f"no result for {name!r} under {Path(root).resolve()}; run `spline-transformers reproduce {name} --size cpu --out {root}`")
     r = {"summary": json.loads((folder / "summary.json").read_text()), "provenance": json.loads((folder / "provenance.json").read_text()),
@@ -655,7 +671,7 @@ def experiments_table(
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #a00cfdbb
+# %% ../nbs/09_experiments.ipynb #b90bebfd
 _SPEED = "2–3× fewer steps to converge than the standard transformer, with a tighter spread across seeds (spec §6)"
 
 def _learned_arms(runs:str="phase1:mlp_r0", control:bool=True, arch:tuple=())->tuple:
@@ -751,3 +767,156 @@ register(Experiment(
     paper="The transfer matrix is strongly diagonal: splines learned on a task help that task most (spec §3.4, §6).",
     sizes=_sizes(cpu_setting({}, arms=(), seeds=(0, 1, 2))),
     verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=2 / 3),)))
+
+# %% ../nbs/09_experiments.ipynb #ace9cff3
+import plotly.graph_objects as go
+
+# %% ../nbs/09_experiments.ipynb #26929251
+from .viz import seed_band_figure, matrix_heatmap
+from .two_phase import nonlinearities_figure
+
+# %% ../nbs/09_experiments.ipynb #8fc2a6bc
+def _arm_order(result:dict)->list:
+    e = EXPERIMENTS.get(result["summary"]["experiment"])
+    have = [a["arm"] for a in result["summary"].get("arms", [])]
+    order = [a.name for a in e.setting(result["summary"]["size"]).arms] if e is not None else []
+    return [a for a in order if a in have] + [a for a in have if a not in order]
+
+def arms_frame(result:dict)->pd.DataFrame:
+    "Per arm (in the registry's order): seeds reaching the threshold, median and IQR of steps, median final test and OOD accuracy."
+    t = pd.DataFrame(result["summary"]["arms"]).set_index("arm").loc[_arm_order(result)]
+    f = lambda v: "never" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0f}"
+    out = pd.DataFrame({"reached": [f"{r}/{n}" for r, n in zip(t.reached, t.seeds)],
+                        "median steps": [f(v) for v in t.median_steps],
+                        "IQR steps": [f"{f(a)}–{f(b)}" for a, b in zip(t.q25_steps, t.q75_steps)],
+                        "median final test": t.median_test.round(3)}, index=t.index)
+    if t.median_ood.notna().any(): out["median final OOD"] = t.median_ood.round(3)
+    return out
+
+def verdicts_frame(result:dict)->pd.DataFrame:
+    "Each verdict of a result: what it compares, the estimate, its 95% interval, the verdict."
+    rows = []
+    for v in result["summary"]["verdicts"]:
+        fmt = lambda x: "∞" if x is None else f"{x:.3g}"
+        rows.append({"compares": f"{v['arm']} vs {v['reference']}", "statistic": v["statistic"], "estimate": fmt(v["estimate"]),
+                     "95% interval": f"[{fmt(v['low'])}, {fmt(v['high'])}]", "seeds": v["seeds"], "verdict": v["verdict"]})
+    return pd.DataFrame(rows)
+
+def curves_figure(
+    result:dict, # from `load_result`
+    metric:str="seq_acc", # the metric drawn
+    split:str="test", # the split drawn
+    arms:Optional[Sequence[str]]=None, # arms to draw (default: all, in the registry's order)
+    title:Optional[str]=None, # figure title
+)->go.Figure:
+    "Median over seeds and the min–max band of `metric` on `split` against the step, one line per arm."
+    m = result["metrics"]; arms = list(arms or _arm_order(result))
+    m = m[(m.metric == metric) & (m.split == split) & m.model.isin(arms)].copy()
+    if m.empty: raise ValueError(f"no {metric!r} rows on split {split!r} for arms {arms}")
+    m["model"] = pd.Categorical(m.model, arms); m = m.sort_values(["model", "step"])
+    fig = seed_band_figure(m.assign(model=m.model.astype(str)), title=title or f"{result['summary']['title']}: {split} {metric} (median, min–max over seeds)",
+                           yaxis_title=f"{split} {metric}")
+    return fig
+
+def steps_figure(result:dict, title:Optional[str]=None)->go.Figure:
+    "Each seed's steps to the threshold per arm (a seed that never reached it is drawn at the right edge, hollow)."
+    ps = pd.DataFrame(result["summary"]["per_seed"]); s = result["summary"]
+    cap = float(result["metrics"].step.max()) * 1.05
+    fig = go.Figure()
+    for arm in _arm_order(result):
+        g = ps[ps.arm == arm]
+        reached = g[g.reached]; never = g[~g.reached]
+        fig.add_scatter(x=reached.steps, y=[arm] * len(reached), mode="markers", marker=dict(size=10), name=arm, legendgroup=arm,
+                        text=[f"seed {x}" for x in reached.seed])
+        if len(never):
+            fig.add_scatter(x=[cap] * len(never), y=[arm] * len(never), mode="markers", marker=dict(size=10, symbol="circle-open", color="grey"),
+                            name=f"{arm}: never", legendgroup=arm, showlegend=False, text=[f"seed {x}: never" for x in never.seed])
+    fig.update_layout(title=title or f"{s['title']}: steps to {s['threshold']:.0%} test accuracy, one dot per seed (hollow: never reached)",
+                      xaxis_title="steps", showlegend=False, height=140 + 45 * len(_arm_order(result)))
+    return fig
+
+def learned_splines(result:dict)->dict:
+    "Phase I run name -> the `Nonlinearities` it learned (from the result's `splines/` folder)."
+    return {f.stem: Nonlinearities.load(f) for f in sorted((Path(result["folder"]) / "splines").glob("*.safetensors"))}
+
+def learned_splines_figure(result:dict, runs:Optional[Sequence[str]]=None, title:Optional[str]=None)->go.Figure:
+    "The splines of Phase I runs with the same layout in the same panels: the first solid, the others dashed."
+    nls = learned_splines(result); runs = list(runs or nls)
+    first, others = nls[runs[0]], {r: nls[r] for r in runs[1:]}
+    return nonlinearities_figure(first, title or f"{result['summary']['title']}: splines learned in Phase I ({', '.join(runs)})", others)
+
+def by_size_figure(result:dict, split:str="test", title:Optional[str]=None)->go.Figure:
+    "Final sequence accuracy per problem size (COPY: per length), median over seeds with the min–max band, one line per arm."
+    by = result["by_size"]; key = [c for c in by.columns if c not in ("n", "seq_acc", "split", "arm", "seed", "correct")][0]
+    b = by[by.split == split]
+    arms = [a for a in _arm_order(result) if a in set(b.arm)]
+    b = b.assign(arm=pd.Categorical(b.arm, arms)).sort_values(["arm", key])
+    fig = seed_band_figure(b.assign(arm=b.arm.astype(str)), x=key, y="seq_acc", group="arm",
+                           title=title or f"{result['summary']['title']}: final sequence accuracy per {key} ({split} split)", yaxis_title="sequence accuracy")
+    return fig
+
+def transfer_figure(result:dict, which:str="final_test", title:Optional[str]=None)->go.Figure:
+    "A transfer matrix: rows = where the splines were learned, columns = target task; 'final_test', 'median_steps' or 'speedup'."
+    check_option(which, ("final_test", "median_steps", "speedup"), "which")
+    m = pd.DataFrame(result["summary"][which]).T.astype(float)
+    m = m.loc[[r for r in ["standard"] + list(m.columns) if r in m.index]]
+    names = {"final_test": "median final test accuracy", "median_steps": "median steps to threshold", "speedup": "speed-up over the standard row"}
+    return matrix_heatmap(m, title=title or f"Transfer matrix: {names[which]}", x_title="target task", y_title="splines learned on",
+                          fmt=".0f" if which == "median_steps" else ".2f")
+
+def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
+    "One row per registered experiment: the claim, the paper's number, ours (the headline estimate and interval), the verdict, the chapter."
+    rows, root = [], results_dir() if root is None else root
+    for n, e in EXPERIMENTS.items():
+        f = Path(root) / n / "summary.json"
+        if not f.is_file():
+            rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": "not run yet", "verdict": "", "chapter": e.chapter}); continue
+        v = json.loads(f.read_text())["verdicts"][0]
+        fmt = lambda x: "∞" if x is None else f"{x:.3g}"
+        ours = (f"{v['statistic']} {fmt(v['estimate'])} [{fmt(v['low'])}, {fmt(v['high'])}]" if v["statistic"] != "diagonal"
+                else f"diagonal best in {v['estimate']:.0%} of targets")
+        rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/09_experiments.ipynb #e86b221c
+ZOO = {  # zoo name -> (experiment, Phase I run)
+    "add": ("add", "mlp_r0"), "add-mlp-attn": ("add", "mlpattn_r0"), "add-m1": ("add", "m1_r0"),
+    "mano": ("mano", "mlp_r0"), "copy-alibi": ("copy", "alibi_mlp"), "copy-alibi-mlp-attn": ("copy", "alibi_mlpattn"),
+    "parentheses": ("parentheses", "mlp_r0"), "needle": ("needle", "mlp_r0"), "modadd": ("modadd", "mlp_r0"),
+    "attn-exp": ("attn_kernel", "exp"), "attn-const": ("attn_kernel", "const"),
+}
+
+def zoo_dir()->Path:
+    "The package folder that holds the zoo."
+    return Path(__file__).parent / "zoo"
+
+def learned_zoo()->pd.DataFrame:
+    "The shipped learned nonlinearities: name, experiment, Phase I run, size, config hash, and which splines each holds."
+    p = zoo_dir() / "zoo.json"
+    index = json.loads(p.read_text()) if p.is_file() else {}
+    return pd.DataFrame([{"name": k, **v} for k, v in index.items()], columns=["name", "experiment", "run", "size", "config_hash", "mlp", "attn"])
+
+def load_learned(
+    name:str, # a zoo name (see `learned_zoo`), e.g. "add"
+)->Nonlinearities:
+    "The nonlinearities learned by an experiment, shipped with the package (frozen; ready for `phase2` or the spline editor)."
+    have = tuple(learned_zoo().name)
+    if not have: raise FileNotFoundError(f"this installation ships no learned nonlinearities (no {zoo_dir() / 'zoo.json'})")
+    check_option(name, have, "learned nonlinearities")
+    return Nonlinearities.load(zoo_dir() / f"{name}.safetensors").freeze()
+
+def update_zoo(
+    results:Union[str,Path]="results", # the results folder to copy from
+)->pd.DataFrame:
+    "Copy every zoo entry whose experiment has a result under `results` into the package's zoo folder; returns the new listing."
+    results, z = Path(results), zoo_dir(); z.mkdir(exist_ok=True)
+    index = {}
+    for name, (exp, run) in ZOO.items():
+        f = results / exp / "splines" / f"{run}.safetensors"
+        if not f.is_file(): continue
+        s = json.loads((results / exp / "summary.json").read_text())
+        for ext in ("safetensors", "json"): shutil.copyfile(f.with_suffix(f".{ext}"), z / f"{name}.{ext}")
+        nl = Nonlinearities.load(f)
+        index[name] = {"experiment": exp, "run": run, "size": s["size"], "config_hash": s["config_hash"], "mlp": len(nl.mlp), "attn": len(nl.attn)}
+    atomic_write(z / "zoo.json", json.dumps(index, indent=2))
+    return learned_zoo()

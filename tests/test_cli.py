@@ -45,7 +45,7 @@ def run(argv, capsys):
 
 
 # ---------------------------------------------------------------- help and argument helpers
-@pytest.mark.parametrize("cmd", ["demo", "phase1", "phase2", "transfer", "interpolate", "prepare"])
+@pytest.mark.parametrize("cmd", ["demo", "phase1", "phase2", "transfer", "interpolate", "prepare", "reproduce"])
 def test_every_command_has_help(cmd, capsys):
     code, out, _ = run([cmd, "--help"], capsys)
     assert code == 0
@@ -55,7 +55,7 @@ def test_every_command_has_help(cmd, capsys):
 def test_top_level_help_lists_the_commands(capsys):
     code, out, _ = run(["--help"], capsys)
     assert code == 0
-    for cmd in ("demo", "phase1", "phase2", "transfer", "interpolate", "prepare"): assert cmd in out
+    for cmd in ("demo", "phase1", "phase2", "transfer", "interpolate", "prepare", "reproduce"): assert cmd in out
 
 
 def test_no_command_is_a_usage_error(capsys):
@@ -581,7 +581,7 @@ def test_foreseeable_errors_are_one_line(exc, monkeypatch, tmp_path, capsys):
 
 
 def test_help_prints_each_default_once(capsys):
-    for cmd in ("demo", "phase1", "phase2", "transfer", "interpolate", "prepare"):
+    for cmd in ("demo", "phase1", "phase2", "transfer", "interpolate", "prepare", "reproduce"):
         code, out, _ = run([cmd, "--help"], capsys)
         assert code == 0
         flat = " ".join(out.split())

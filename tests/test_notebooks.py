@@ -87,7 +87,7 @@ def test_chapters_import_only_earlier_chapters():
 NAMESAKES = {  # chapter -> its first exported def or class
     "00_viz": "BookRenderer", "01_splines": "LinearSpline", "02_attention": "attend", "03_model": "TransformerConfig",
     "04_ensemble": "Ensemble", "05_tasks": "Task", "06_corpora": "load_corpus", "07_train": "TrainConfig",
-    "08_two_phase": "Phase1Config", "09a_report": "Report", "10_distributed": "distributed_phase1",
+    "08_two_phase": "Phase1Config", "09_experiments": "Experiment", "09a_report": "Report", "10_distributed": "distributed_phase1",
     "20_interpolation": "ExactInterpolator", "21_interpolation_theory": "stage_snapshots_figure",
     "22_cli": "build_parser", "30_widgets": "SplineEditor",
 }

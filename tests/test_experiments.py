@@ -1,0 +1,209 @@
+"The experiment system: registry, statistics, the committed results (current, complete, with provenance), the zoo, and `reproduce` (smoke runs, kill and resume, CLI)."
+import json, math, os, signal, subprocess, sys, time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spline_transformers import experiments as ex
+from spline_transformers.experiments import (EXPERIMENTS, SIZES, VERDICTS, Arm, Experiment, Phase1Run, Verdict, cells, decide,
+                                             load_learned, learned_zoo, paired_bootstrap, register, reproduce, stale_results, zoo_dir)
+from spline_transformers.model import Nonlinearities
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+PROVENANCE_KEYS = {"package_version", "git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "threads_per_cell", "jobs",
+                   "cell_wall_s", "date", "command"}
+
+
+# ---------------------------------------------------------------- the registry
+def test_at_least_eight_experiments_with_three_sizes_and_a_rule():
+    assert len(EXPERIMENTS) >= 8
+    for e in EXPERIMENTS.values():
+        assert set(e.sizes) == set(SIZES), e.name
+        assert e.claim and e.paper and e.verdicts, e.name
+        for v in e.verdicts: assert v.rule.startswith("reproduced if"), (e.name, v.rule)
+        for size in SIZES: assert len(cells(e, size)) >= 1
+
+
+def test_phase1_and_phase2_seeds_never_overlap():
+    for e in EXPERIMENTS.values():
+        for size in SIZES:
+            s = e.setting(size)
+            p1 = {x for r in s.phase1_runs for x in r.seeds}
+            assert not p1 & set(s.seeds), (e.name, size)
+    add = EXPERIMENTS["add"]
+    bad = replace(add, name="overlapping", sizes={**add.sizes, "cpu": replace(add.sizes["cpu"], seeds=(0, 100))})
+    with pytest.raises(ValueError, match="also Phase I seeds"): register(bad)
+    assert "overlapping" not in EXPERIMENTS
+
+
+def test_a_verdict_must_name_arms_the_setting_has():
+    add = EXPERIMENTS["add"]
+    with pytest.raises(ValueError, match="arms are"): register(replace(add, name="badverdict", verdicts=(Verdict("nonexistent"),)))
+
+
+def test_config_hash_follows_the_setting():
+    add = EXPERIMENTS["add"]
+    changed = replace(add, sizes={**add.sizes, "cpu": replace(add.sizes["cpu"], threshold=0.99)})
+    assert changed.config_hash("cpu") != add.config_hash("cpu")
+    assert changed.config_hash("smoke") == add.config_hash("smoke")
+    # a transfer matrix's hash depends on its targets' settings
+    t = EXPERIMENTS["transfer"]
+    before = t.config_hash("cpu")
+    EXPERIMENTS["add"] = changed
+    try: assert t.config_hash("cpu") != before
+    finally: EXPERIMENTS["add"] = add
+
+
+def test_shared_cells_are_trained_once():
+    "The transfer matrix's standard row is the target experiments' standard arm for the same seeds."
+    keys = {c.key for c in cells(EXPERIMENTS["add"], "cpu")}
+    tcells = [c for c in cells(EXPERIMENTS["transfer"], "cpu") if c.label.startswith("transfer/standard->add/")]
+    assert tcells and all(c.key in keys for c in tcells)
+
+
+# ---------------------------------------------------------------- statistics
+def test_paired_bootstrap_is_reproducible_and_paired():
+    ref, arm = [400, 500, 450, 700, 600], [200, 260, 240, 330, 300]
+    a, b = paired_bootstrap(ref, arm), paired_bootstrap(ref, arm)
+    assert a == b and a[1] <= a[0] <= a[2] and a[1] > 1
+    # no difference: the interval contains 1
+    est, lo, hi = paired_bootstrap(ref, ref)
+    assert est == 1 and lo <= 1 <= hi
+    # accuracy difference
+    est, lo, hi = paired_bootstrap([0.5, 0.6, 0.55], [0.7, 0.8, 0.75], "final_test")
+    assert math.isclose(est, 0.2) and lo > 0
+
+
+def test_decide_says_reproduced_reversed_or_inconclusive():
+    seeds = pd.DataFrame({"arm": ["standard"] * 6 + ["fast"] * 6 + ["slow"] * 6 + ["same"] * 6, "seed": list(range(6)) * 4,
+                          "steps": [400, 420, 500, 450, 480, 430] + [200, 210, 250, 220, 240, 215] + [800, 840, 1000, 900, 960, 860]
+                                   + [400, 420, 500, 450, 480, 430],
+                          "reached": True, "final_test": 0.9, "final_ood": np.nan})
+    assert decide(Verdict("fast"), seeds)["verdict"] == "reproduced"
+    assert decide(Verdict("slow"), seeds)["verdict"] == "reversed"
+    assert decide(Verdict("same"), seeds)["verdict"] == "inconclusive"
+    with pytest.raises(ValueError, match="arms"): decide(Verdict("missing"), seeds)
+
+
+# ---------------------------------------------------------------- the committed results
+def committed():
+    return sorted(p.parent.name for p in RESULTS.glob("*/summary.json"))
+
+
+def test_committed_results_are_current():
+    problems = stale_results(RESULTS)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_experiment_has_a_committed_cpu_result_with_provenance():
+    have = committed()
+    missing = [n for n in EXPERIMENTS if n not in have]
+    assert not missing, f"no committed cpu result for {missing}: run `spline-transformers reproduce {' '.join(missing)} --size cpu --jobs 2 --out results`"
+    for n in have:
+        s = json.loads((RESULTS / n / "summary.json").read_text())
+        p = json.loads((RESULTS / n / "provenance.json").read_text())
+        assert s["size"] == "cpu" and s["verdict"] in VERDICTS + ("not reproduced",), n
+        assert PROVENANCE_KEYS <= set(p), (n, PROVENANCE_KEYS - set(p))
+        assert p["config_hash"] == s["config_hash"] == EXPERIMENTS[n].config_hash("cpu")
+        assert (RESULTS / n / "metrics.csv").is_file()
+
+
+def test_committed_verdicts_follow_from_the_committed_tables():
+    "The verdict in summary.json is what the rule gives on the committed per-seed table (nobody edited it by hand)."
+    for n in committed():
+        s = json.loads((RESULTS / n / "summary.json").read_text())
+        if EXPERIMENTS[n].targets: continue
+        seeds = pd.DataFrame(s["per_seed"]).fillna({"steps": math.inf})
+        for v, got in zip(EXPERIMENTS[n].verdicts, s["verdicts"]):
+            want = decide(v, seeds)
+            assert want["verdict"] == got["verdict"], (n, v)
+            assert math.isclose(want["estimate"], got["estimate"] if got["estimate"] is not None else math.inf, rel_tol=1e-9), (n, v)
+
+
+def test_results_stay_small():
+    size = sum(f.stat().st_size for f in RESULTS.rglob("*") if f.is_file() and ".cells" not in f.parts)
+    assert size < 8 * 2**20, f"results/ holds {size / 2**20:.1f} MB; keep it to a few MB"
+
+
+# ---------------------------------------------------------------- the zoo
+def test_zoo_entries_are_the_committed_results():
+    zoo = learned_zoo()
+    assert len(zoo) >= 1, "the package ships no learned nonlinearities: run experiments.update_zoo('results')"
+    for r in zoo.itertuples():
+        src = RESULTS / r.experiment / "splines" / f"{r.run}.safetensors"
+        assert src.read_bytes() == (zoo_dir() / f"{r.name}.safetensors").read_bytes(), r.name
+        assert r.config_hash == EXPERIMENTS[r.experiment].config_hash(r.size), f"zoo entry {r.name} is stale"
+        nl = load_learned(r.name)
+        assert isinstance(nl, Nonlinearities) and nl.frozen and len(nl.mlp) + len(nl.attn) >= 1
+
+
+def test_load_learned_refuses_unknown_names():
+    if not len(learned_zoo()): pytest.skip("no zoo shipped")
+    with pytest.raises(ValueError, match="valid values"): load_learned("not-a-zoo-entry")
+
+
+# ---------------------------------------------------------------- reproduce
+def test_every_experiment_runs_at_smoke_size(tmp_path):
+    "`reproduce all --size smoke --jobs 2` through the command line: every experiment writes its summary, tables and provenance."
+    out = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "spline_transformers.cli", "reproduce", "all", "--size", "smoke", "--jobs", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n in EXPERIMENTS:
+        s = json.loads((out / n / "summary.json").read_text())
+        assert s["size"] == "smoke" and s["config_hash"] == EXPERIMENTS[n].config_hash("smoke")
+        assert PROVENANCE_KEYS <= set(json.loads((out / n / "provenance.json").read_text()))
+        assert f"{n}: " in r.stdout
+    assert "cells" in r.stderr and "left ~" in r.stderr   # progress lines with an ETA
+    copy = pd.read_csv(out / "copy" / "by_size.csv")
+    assert {"length", "seq_acc", "split", "arm", "seed"} <= set(copy.columns)
+    assert (out / "add" / "splines" / "mlp_r0.safetensors").is_file()
+    # a second run finds everything done and trains nothing
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "spline_transformers.cli", "reproduce", "modadd", "--size", "smoke", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "0 to run" in r.stderr, r.stderr
+
+
+def test_a_killed_run_resumes(tmp_path):
+    "Kill `reproduce` after its first cell; without --resume it refuses, with --resume it keeps the done cell and finishes."
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "spline_transformers.cli", "reproduce", "parentheses", "--size", "smoke", "--out", str(out)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    root = out / ".cells"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(root.glob("*/done.json")): time.sleep(0.2)
+    done = list(root.glob("*/done.json"))
+    assert done, "no cell finished in time"
+    os.killpg(p.pid, signal.SIGKILL); p.wait()
+    first = {f: f.stat().st_mtime_ns for f in done}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if not (out / "parentheses" / "summary.json").is_file():   # the kill left an unfinished cell
+        assert r.returncode == 2 and "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(f.stat().st_mtime_ns == m for f, m in first.items()), "a done cell was run again"
+    assert (out / "parentheses" / "summary.json").is_file()
+
+
+def test_reproduce_refuses_bad_input_before_work(tmp_path, capsys):
+    from spline_transformers.cli import main
+    assert main(["reproduce", "nosuch", "--out", str(tmp_path)]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
+    assert main(["reproduce", "--out", str(tmp_path)]) == 2
+    assert "--list" in capsys.readouterr().err
+    assert main(["reproduce", "add", "--size", "gpu", "--out", str(tmp_path)]) == 2
+    assert "cuda" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("done.json"))
+
+
+def test_reproduce_list_shows_every_experiment(capsys):
+    from spline_transformers.cli import main
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    for n in EXPERIMENTS: assert f"\n{n} " in "\n" + out or out.startswith(n), n
+    assert "cells at cpu" in out
