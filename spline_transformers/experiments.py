@@ -135,7 +135,7 @@ def _canonical(x)->str: return json.dumps(x, sort_keys=True, default=list, separ
 
 def _hash(x)->str: return hashlib.sha256(_canonical(x).encode()).hexdigest()[:16]
 
-# %% ../nbs/09_experiments.ipynb #22dc3633
+# %% ../nbs/09_experiments.ipynb #d1e59ec0
 @dataclass(frozen=True, eq=False)
 class Cell:
     "One unit of work: a Phase I run or one Phase II (arm, seed) run, named by the hash of its spec."
@@ -172,10 +172,13 @@ def cells(exp:Experiment, size:str)->list:
     s = exp.setting(size)
     p1 = [_phase1_cell(exp, size, r) for r in s.phase1_runs]
     out = list(p1)
+    runs = {r.name: r for r in s.phase1_runs}
     for arm in s.arms:
         refs = arm.source.split(":", 1)[1].split("|") if arm.source.startswith("phase1:") else []
         for i, seed in enumerate(s.seeds):
-            spec = {"kind": "train", "task": exp.task, "task_params": dict(s.task_params), "arch": _changed(s.arch, arm.arch).to_dict(),
+            run = runs.get(refs[i % len(refs)]) if refs else None   # Phase II models have their Phase I run's spline layout
+            arch = _changed(_changed(s.arch, run.arch if run else ()), arm.arch)
+            spec = {"kind": "train", "task": exp.task, "task_params": dict(s.task_params), "arch": arch.to_dict(),
                     "train": _device_free(s.train), "seed": int(seed), "eval_by": list(s.eval_by), "nonlinearities": "standard"}
             deps = ()
             if refs:
