@@ -12,24 +12,25 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting',
-           'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'run_cell', 'lower_median', 'paired_bootstrap',
-           'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting', 'provenance',
-           'attention_tail', 'summarise', 'summarise_transfer', 'reproduce', 'results_dir', 'load_result',
-           'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'curves_figure', 'steps_figure',
-           'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'findings_table',
-           'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict',
+           'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'load_data', 'run_cell',
+           'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register', 'get_experiment',
+           'cpu_setting', 'provenance', 'attention_tail', 'summarise', 'summarise_transfer', 'reproduce', 'results_dir',
+           'load_result', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'curves_figure',
+           'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure',
+           'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
 import pandas as pd
 import torch
 
-# %% ../nbs/09_experiments.ipynb #92ae5adc
+# %% ../nbs/09_experiments.ipynb #43b8214f
 from .core import atomic_write, check_option, remove_stale_temps
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
+from .corpora import load_corpus, CORPORA
 from .train import TrainConfig, metrics_frame, steps_to_threshold
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, check_disjoint_seeds,
                                            PHASE1_SEED_START)
@@ -61,10 +62,11 @@ class Experiment:
         deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets}
         return _hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
 
-# %% ../nbs/09_experiments.ipynb #2fbb8e11
+# %% ../nbs/09_experiments.ipynb #0d6b92c0
 SIZES = ("smoke", "cpu", "gpu")  # the three sizes of every experiment
 STATISTICS = ("speedup", "final_test", "final_ood", "diagonal")  # what a verdict can compare
 VERDICTS = ("reproduced", "reversed", "inconclusive")  # what a verdict can say
+MIN_SEEDS = 5  # fewer paired seeds than this: the bootstrap interval is too optimistic, the verdict is inconclusive
 
 @dataclass(frozen=True)
 class Phase1Run:
@@ -105,7 +107,7 @@ class Verdict:
         what = (f"the median speed-up of {self.arm!r} over {self.reference!r} (steps to threshold)" if self.statistic == "speedup"
                 else f"the gain in mean {self.statistic.replace('_', ' ')} accuracy of {self.arm!r} over {self.reference!r}")
         return (f"reproduced if the paired bootstrap {self.confidence:.0%} interval of {what} lies above {self.above:g}; "
-                f"reversed if it lies below {self.above:g}; inconclusive otherwise")
+                f"reversed if it lies below {self.above:g}; inconclusive otherwise, and with fewer than {MIN_SEEDS} paired seeds")
 
 # %% ../nbs/09_experiments.ipynb #c3479042
 @dataclass(frozen=True)
@@ -217,7 +219,16 @@ def transfer_matrix_cells(exp:Experiment, size:str)->list:
                 out.append(Cell(_hash(spec), spec, () if row == "standard" else (srcs[row][1].key,), f"{exp.name}/{row}->{t}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #1cf93a7d
+# %% ../nbs/09_experiments.ipynb #07a13d5e
+def load_data(
+    task:str, # a task name, or "corpus" (then `params` holds the corpus `name` and `load_corpus`'s arguments)
+    params:dict, # the task's parameters, or the corpus's
+):
+    "The task (split seed 0) or corpus an experiment trains on."
+    if task == "corpus":
+        p = dict(params); return load_corpus(p.pop("name"), **p)
+    return get_task(task, seed=0, **params)
+
 def _train_config(d:dict, device:str, folder:Path)->TrainConfig:
     return TrainConfig.from_dict({**d, "device": device, "progress": False, "checkpoint_dir": str(folder / "ckpt"), "keep_checkpoints": 1})
 
@@ -234,7 +245,7 @@ def run_cell(
     root = Path(root); folder = root / cell.key; folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(folder)
     s, t0 = cell.spec, time.perf_counter()
-    task = get_task(s["task"], seed=0, **s["task_params"])
+    task = load_data(s["task"], s["task_params"])
     resume = (folder / "ckpt").is_dir() and any((folder / "ckpt").iterdir())
     if s["kind"] == "phase1":
         p1 = Phase1Config.from_dict(s["p1"])
@@ -291,20 +302,22 @@ def paired_bootstrap(
     lo, hi = np.quantile(draws, [a, 1 - a], method="inverted_cdf")
     return f(ref, arm), float(lo), float(hi)
 
-# %% ../nbs/09_experiments.ipynb #e5da4cb3
+# %% ../nbs/09_experiments.ipynb #df976548
 def per_seed(
     metrics:pd.DataFrame, # tidy metrics of all arms (the `model` column names the arm)
     threshold:float=0.95, # accuracy that counts as learned
-    metric:str="seq_acc", # the accuracy metric
+    metric:str="seq_acc", # the accuracy metric ("token_acc" for a corpus)
 )->pd.DataFrame:
-    "One row per (arm, seed): steps to threshold on test, whether it was reached, final test and OOD accuracy."
-    st = steps_to_threshold(metrics, metric, threshold, "test").rename(columns={"model": "arm", "final": "final_test"})
-    last = metrics[(metrics.metric == metric) & (metrics.split == "ood")]
-    if len(last):
+    "One row per (arm, seed): steps to threshold, whether it was reached, final accuracy and loss on the evaluation split (test, or a corpus's val), final OOD accuracy."
+    split = "test" if (metrics.split == "test").any() else "val"
+    st = steps_to_threshold(metrics, metric, threshold, split).rename(columns={"model": "arm", "final": "final_test"})
+    def final(split, metric, col):
+        last = metrics[(metrics.metric == metric) & (metrics.split == split)]
+        if not len(last): return st.assign(**{col: math.nan})
         last = last[last.step == last.groupby(["model", "seed"]).step.transform("max")]
-        st = st.merge(last[["model", "seed", "value"]].rename(columns={"model": "arm", "value": "final_ood"}), on=["arm", "seed"], how="left")
-    else: st["final_ood"] = math.nan
-    return st
+        return st.merge(last[["model", "seed", "value"]].rename(columns={"model": "arm", "value": col}), on=["arm", "seed"], how="left")
+    st = final("ood", metric, "final_ood")
+    return final(split, "loss", "final_loss")
 
 def arm_table(seeds:pd.DataFrame)->pd.DataFrame:
     "Per arm: median and IQR of steps to threshold, seeds reaching it, median and IQR of final test and OOD accuracy."
@@ -312,8 +325,10 @@ def arm_table(seeds:pd.DataFrame)->pd.DataFrame:
     for arm, g in seeds.groupby("arm", sort=False):
         q = lambda v: np.quantile(v.to_numpy(dtype=float), [0.25, 0.5, 0.75], method="inverted_cdf") if len(v) else [math.nan] * 3
         s, t, o = q(g.steps), q(g.final_test), q(g.final_ood.dropna()) if g.final_ood.notna().any() else [math.nan] * 3
+        l = q(g.final_loss.dropna()) if "final_loss" in g and g.final_loss.notna().any() else [math.nan] * 3
         rows.append({"arm": arm, "seeds": len(g), "reached": int(g.reached.sum()), "median_steps": s[1], "q25_steps": s[0], "q75_steps": s[2],
-                     "median_test": t[1], "q25_test": t[0], "q75_test": t[2], "median_ood": o[1], "q25_ood": o[0], "q75_ood": o[2]})
+                     "median_test": t[1], "q25_test": t[0], "q75_test": t[2], "median_ood": o[1], "q25_ood": o[0], "q75_ood": o[2],
+                     "median_loss": l[1], "q25_loss": l[0], "q75_loss": l[2]})
     return pd.DataFrame(rows)
 
 def decide(
@@ -328,11 +343,11 @@ def decide(
     r = seeds[seeds.arm == v.reference].set_index("seed")[col]; a = seeds[seeds.arm == v.arm].set_index("seed")[col]
     both = sorted(set(r.index) & set(a.index))
     est, lo, hi = paired_bootstrap(r[both].to_numpy(), a[both].to_numpy(), v.statistic, confidence=v.confidence)
-    verdict = "reproduced" if lo > v.above else "reversed" if hi < v.above else "inconclusive"
+    verdict = "inconclusive" if len(both) < MIN_SEEDS else "reproduced" if lo > v.above else "reversed" if hi < v.above else "inconclusive"
     return {"arm": v.arm, "reference": v.reference, "statistic": v.statistic, "estimate": est, "low": lo, "high": hi,
             "seeds": len(both), "verdict": verdict, "rule": v.rule}
 
-# %% ../nbs/09_experiments.ipynb #5b96421f
+# %% ../nbs/09_experiments.ipynb #98387aa6
 EXPERIMENTS:dict = {}  # name -> Experiment, in the order of the book
 
 def register(exp:Experiment)->Experiment:
@@ -342,6 +357,7 @@ def register(exp:Experiment)->Experiment:
     if missing: raise ValueError(f"{exp.name}: every experiment needs the sizes {SIZES}; missing {sorted(missing)}")
     if exp.targets:
         for t in exp.targets: get_experiment(t)
+    elif exp.task == "corpus": check_option(dict(exp.setting("cpu").task_params).get("name"), CORPORA, "corpus")
     else: check_option(exp.task, TASKS, "task")
     for size in SIZES:
         if exp.targets: continue
@@ -367,6 +383,7 @@ def _sizes(
     cpu:Setting, # the size the book commits
     gpu_task_params:Optional[dict]=None, # the paper's task parameters (default: the cpu ones)
     gpu_train:Optional[dict]=None, # changes to the gpu size's Phase II config
+    gpu_arch:Optional[dict]=None, # changes to the gpu size's architecture
 )->dict:
     "The three sizes of an experiment from its `cpu` setting: `smoke` shrinks it to seconds, `gpu` grows it to the spec's sizes."
     grow = lambda r, m: replace(r, seeds=r.seeds if len(r.seeds) == 1 else tuple(range(r.seeds[0], r.seeds[0] + m)))
@@ -375,8 +392,8 @@ def _sizes(
                     phase1_train=replace(cpu.phase1_train, steps=30, batch_size=32, warmup=5, eval_every=15, eval_examples=64),
                     phase1_runs=tuple(replace(r, seeds=r.seeds[:2]) for r in cpu.phase1_runs), seeds=cpu.seeds[:2])
     gpu = replace(cpu, task_params=tuple(sorted((gpu_task_params or dict(cpu.task_params)).items())),
-                  arch=replace(cpu.arch, d_model=128, n_knots=122, spline_range=20.0),
-                  train=replace(cpu.train, steps=5000, batch_size=256, lr=1e-3, warmup=200, eval_every=100, eval_examples=1000, **(gpu_train or {})),
+                  arch=replace(cpu.arch, **{"d_model": 128, "n_knots": 122, "spline_range": 20.0, **(gpu_arch or {})}),
+                  train=replace(cpu.train, **{"steps": 5000, "batch_size": 256, "lr": 1e-3, "warmup": 200, "eval_every": 100, "eval_examples": 1000, **(gpu_train or {})}),
                   phase1_train=replace(cpu.phase1_train, steps=3000, batch_size=256, lr=1e-3, warmup=200, eval_every=100, eval_examples=1000),
                   phase1_runs=tuple(grow(r, 8) for r in cpu.phase1_runs), seeds=tuple(range(max(10, len(cpu.seeds)))))
     return {"smoke": smoke, "cpu": cpu, "gpu": gpu}
@@ -392,11 +409,12 @@ def cpu_setting(
     seeds:Sequence[int]=(0, 1, 2, 3, 4), # Phase II seeds
     threshold:float=0.95, # accuracy that counts as learned
     eval_by:tuple=(), # splits evaluated per problem size at the end
+    metric:str="seq_acc", # the accuracy metric ("token_acc" for a corpus)
 )->Setting:
     "A `cpu` setting: the base of the algorithmic experiments with this experiment's changes."
     return Setting(tuple(sorted(task_params.items())), replace(_BASE_ARCH, **(arch or {})), replace(_BASE_TRAIN, **(train or {})),
                    replace(_BASE_P1_TRAIN, **(phase1_train or {})), Phase1Config(**{"spline_lr": 0.01, **(p1 or {})}),
-                   tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, "seq_acc", tuple(eval_by))
+                   tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, metric, tuple(eval_by))
 
 # %% ../nbs/09_experiments.ipynb #f4e54f16
 _CELL_WORKER = ("import json, sys, torch; torch.set_num_threads(1); from spline_transformers.experiments import Cell, run_cell; "
@@ -674,7 +692,7 @@ def experiments_table(
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #b90bebfd
+# %% ../nbs/09_experiments.ipynb #81d57506
 _SPEED = "2–3× fewer steps to converge than the standard transformer, with a tighter spread across seeds (spec §6)"
 
 def _learned_arms(runs:str="phase1:mlp_r0", control:bool=True, arch:tuple=())->tuple:
@@ -763,6 +781,27 @@ register(Experiment(
                                arch=(("attn_init", "exp"), ("attn_spline_range", 3.0))))),
         gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
     verdicts=(Verdict("attn_exp"), Verdict("attn_const"), Verdict("attn_exp_lr0.1"), Verdict("attn_exp_r3"), Verdict("attn_exp", "attn_exp_control"))))
+
+_LM_ARCH = dict(d_model=128, max_len=128)
+_LM_TRAIN = dict(steps=800, batch_size=16, eval_every=100, eval_examples=128)
+register(Experiment(
+    "lm_shakespeare_char", "Language model: which nonlinearity? (Shakespeare, characters)", task="corpus", chapter="12a_language",
+    claim="In a character-level language model of Shakespeare, the learned MLP spline raises validation token accuracy over GeLU; "
+          "the learned attention kernel adds nothing; a spline in a GLU beats SwiGLU; splines from M = 4 models beat those from M = 1.",
+    paper="TinyStories (2 layers, width 256), validation token accuracy: GeLU 63.7%, learned MLP spline 64.4%, GLU 64.0%; "
+          "the attention spline gives no gain; M = 1 vs M = 4: 63.8% vs 64.3% (spec §6).", paper_value=0.007,
+    transfer_arm="spline",
+    sizes=_sizes(cpu_setting(
+        dict(name="shakespeare", tokenizer="char", block_size=128),
+        arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0"), Arm("spline_attn", "phase1:mlpattn_r0"), Arm("swiglu", arch=(("mlp_act", "swiglu"),)),
+              Arm("glu_spline", "phase1:glu_r0"), Arm("m1", "phase1:m1_r0")),
+        phase1_runs=(Phase1Run("mlp_r0"), Phase1Run("mlpattn_r0", attn=True, seeds=(110, 111, 112, 113)),
+                     Phase1Run("glu_r0", seeds=(120, 121, 122, 123), arch=(("mlp_act", "swiglu"),)), Phase1Run("m1_r0", seeds=(130,))),
+        arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
+        gpu_task_params=dict(name="tinystories", tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
+        gpu_train=dict(steps=20000, batch_size=64)),
+    verdicts=(Verdict("spline", "gelu", "final_test", 0.0), Verdict("spline_attn", "gelu", "final_test", 0.0), Verdict("glu_spline", "swiglu", "final_test", 0.0),
+              Verdict("swiglu", "gelu", "final_test", 0.0), Verdict("spline", "m1", "final_test", 0.0))))
 
 register(Experiment(
     "transfer", "Transfer matrix", task="", chapter="13_transfer", targets=("add", "mano", "copy", "parentheses", "needle", "modadd"),
@@ -881,12 +920,13 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
         rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #e86b221c
+# %% ../nbs/09_experiments.ipynb #3038ab41
 ZOO = {  # zoo name -> (experiment, Phase I run)
     "add": ("add", "mlp_r0"), "add-mlp-attn": ("add", "mlpattn_r0"), "add-m1": ("add", "m1_r0"),
     "mano": ("mano", "mlp_r0"), "copy-alibi": ("copy", "alibi_mlp"), "copy-alibi-mlp-attn": ("copy", "alibi_mlpattn"),
     "parentheses": ("parentheses", "mlp_r0"), "needle": ("needle", "mlp_r0"), "modadd": ("modadd", "mlp_r0"),
-    "attn-exp": ("attn_kernel", "exp"), "attn-const": ("attn_kernel", "const"),
+    "attn-exp": ("attn_kernel", "exp"), "attn-const": ("attn_kernel", "const"), "shakespeare-char": ("lm_shakespeare_char", "mlp_r0"),
+    "shakespeare-char-glu": ("lm_shakespeare_char", "glu_r0"),
 }
 
 def zoo_dir()->Path:
