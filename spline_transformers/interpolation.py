@@ -9,8 +9,8 @@ __all__ = ['TOL_TIE', 'TOL_EQ', 'TOL_DEDUP', 'TOL_VERIFY', 'STAGES', 'ATTENTIONS
            'ExactInterpolator', 'InterpolationDataError', 'ConstructionError', 'DatasetFileError', 'hardmax_weights',
            'softmax_weights', 'hausdorff', 'group_points', 'distinct_points', 'data_scale', 'validate_dataset',
            'random_dataset', 'toy_dataset', 'FeedForward', 'InterpAttention', 'InterpBlock', 'identity_block',
-           'expected_blocks', 'params_per_block', 'tau_bound', 'build_interpolator', 'load_dataset_file',
-           'save_dataset_file', 'interpolate_file']
+           'expected_blocks', 'params_per_block', 'tau_bound', 'build_interpolator', 'largest_exact_tau',
+           'load_dataset_file', 'save_dataset_file', 'interpolate_file']
 
 # %% ../nbs/20_interpolation.ipynb #921ac30c
 import json
@@ -263,7 +263,7 @@ def toy_dataset()->tuple:
     Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
     return X, Y
 
-# %% ../nbs/20_interpolation.ipynb #eb70fead
+# %% ../nbs/20_interpolation.ipynb #5c3256a1
 STAGES = ("separation", "leaders", "collapse", "snap", "interpolation")  # stage names, in order
 ATTENTIONS = ("hardmax", "softmax")
 MODES = ("paper", "compact")
@@ -292,7 +292,11 @@ class FeedForward(nn.Module):
         return float(self.eta.detach()) == 1.0 and not bool(self.W.any())
     def forward(self, x):
         if self.is_identity() and not (torch.is_grad_enabled() and self.W.requires_grad): return x
-        return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
+        if x.ndim == 2 and len(x) > 1 and not (torch.is_grad_enabled() and self.W.requires_grad):
+            u, inv = torch.unique(x, dim=0, return_inverse=True)   # equal tokens, equal outputs: a matrix product may round rows differently
+            if len(u) < len(x): return self._map(u)[inv]
+        return self._map(x)
+    def _map(self, x): return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
 
 class InterpAttention(nn.Module):
     "SA_i(X) = rho x_i + alpha sum_l pi_il x_l with scores <A x_i, x_l>, A = gamma I + q k^T; hardmax or softmax(tau)."
@@ -819,7 +823,50 @@ def build_interpolator(
     T.info["seconds"] = time.perf_counter() - t0
     return T
 
-# %% ../nbs/20_interpolation.ipynb #15c66f42
+# %% ../nbs/20_interpolation.ipynb #6a12a81e
+def largest_exact_tau(
+    X, # input sequences
+    Y, # target sequences
+    tol:float=TOL_VERIFY, # exactness tolerance: accepted Hausdorff distance per sequence, relative to the data's scale
+    step:float=10.0, # factor of the upward scan from the bound
+    rtol:float=0.05, # stop bisecting when the exact and the failing temperature are within a factor 1 + rtol
+    max_factor:float=1e8, # scan at most up to this many times the bound
+    seed:int=0, # seed of the construction's random directions
+)->dict:
+    "Largest softmax temperature at which the construction stays exact, by a scan up from tau*_est and bisection on log tau."
+    for name, v, lo in (("tol", tol, 0.0), ("rtol", rtol, 0.0), ("step", step, 1.0), ("max_factor", max_factor, 1.0)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo): raise ValueError(f"{name} must be a finite number > {lo:g}, got {v!r}")
+    X, Y, scale = validate_dataset(X, Y)
+    bound = _tau_bound(X, Y, scale, seed)
+    out = dict(tau_bound=bound, tau_max=float("inf"), tau_fail=None, ratio=float("inf"), capped=True, builds=0, tol=tol)
+    if not math.isfinite(bound): return out   # no attention layer mixes tokens: every temperature works
+    def exact(t):
+        out["builds"] += 1
+        try: T = build_interpolator(X, Y, attention="softmax", tau=t, seed=seed, strict=False, verify=False)
+        except ConstructionError: return False
+        preds = [distinct_points(o.numpy(), TOL_DEDUP * scale) for o in T.forward_many(X)]
+        return all(len(p) == len(y) and hausdorff(p, y) <= tol * scale for p, y in zip(preds, Y))
+    lo = hi = None
+    if exact(bound):
+        lo, t = bound, bound * step
+        while t <= bound * max_factor * (1 + 1e-12):
+            if exact(t): lo, t = t, t * step
+            else: hi = t; break
+        if hi is None: out.update(tau_max=lo, ratio=lo / bound); return out
+    else:
+        hi, t = bound, bound / step
+        for _ in range(12):
+            if exact(t): lo = t; break
+            hi, t = t, t / step
+        if lo is None: raise ConstructionError(f"the softmax construction is not exact at any tau from tau*_est = {bound:.3g} down to {hi:.3g}")
+    while hi / lo > 1 + rtol:
+        mid = math.sqrt(lo * hi)
+        if exact(mid): lo = mid
+        else: hi = mid
+    out.update(tau_max=lo, tau_fail=hi, ratio=lo / bound, capped=False)
+    return out
+
+# %% ../nbs/20_interpolation.ipynb #65faefaf
 @patch
 def layer_labels(self:ExactInterpolator)->list:
     "(block index, 'FF' or 'SA', stage) for every layer, in order."
@@ -842,7 +889,7 @@ def trajectory(self:ExactInterpolator,
             x = blk(x); frames.append(x.numpy().copy()); labels.append(blk.stage)
     return np.stack(frames), labels
 
-# %% ../nbs/20_interpolation.ipynb #002c02b4
+# %% ../nbs/20_interpolation.ipynb #6573804e
 DATASET_FORMATS = (".npz", ".json")
 
 def _split(flat, lengths, key, path):

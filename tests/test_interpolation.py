@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from spline_transformers.interpolation import (
     ConstructionError, DatasetFileError, ExactInterpolator, InterpolationDataError, InterpAttention, InterpBlock, STAGES,
     build_interpolator, expected_blocks, hardmax_weights, hausdorff, interpolate_file, load_dataset_file,
-    params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound, toy_dataset, validate_dataset)
+    largest_exact_tau, params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound, toy_dataset, validate_dataset)
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -309,6 +309,32 @@ def test_softmax_temperatures_around_the_bound():
         try: T = build_interpolator(X, Y, attention="softmax", tau=big, strict=False)
         except ConstructionError as e: assert "tau" in str(e)
         else: assert_exact(T, X, Y)
+
+
+def test_largest_exact_tau_brackets_the_first_failure_above_the_bound():
+    X, Y = random_dataset(5, 2, seed=0)
+    r = largest_exact_tau(X, Y, rtol=0.05)
+    assert r["tau_bound"] == tau_bound(X, Y) and not r["capped"]
+    assert r["tau_bound"] <= r["tau_max"] < r["tau_fail"] <= r["tau_max"] * 1.05 and r["ratio"] == r["tau_max"] / r["tau_bound"]
+    T = build_interpolator(X, Y, attention="softmax", tau=r["tau_max"], strict=False)   # the edge: exact just below ...
+    assert_exact(T, X, Y, bitwise=False)
+    try: T = build_interpolator(X, Y, attention="softmax", tau=r["tau_fail"], strict=False)   # ... and not exact just above
+    except ConstructionError: pass
+    else: raise AssertionError(f"exact at tau_fail = {r['tau_fail']:.3g}")
+    Xt, Yt = toy_dataset()   # the toy never fails on the way up: the scan stops at its cap
+    r = largest_exact_tau(Xt, Yt, max_factor=1e4)
+    assert r["capped"] and r["tau_fail"] is None and r["ratio"] == pytest.approx(1e4)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(tol=0.0), "tol must be"), (dict(rtol=-1.0), "rtol must be"), (dict(step=1.0), "step must be"),
+                                      (dict(max_factor=float("inf")), "max_factor must be"), (dict(tol="1e-9"), "tol must be")])
+def test_largest_exact_tau_refuses_bad_arguments_at_once(kw, match, monkeypatch):
+    interp = importlib.import_module("spline_transformers.interpolation")
+    monkeypatch.setattr(interp, "_tau_bound", lambda *a: pytest.fail("built before checking the arguments"))
+    with pytest.raises(ValueError, match=match) as e: largest_exact_tau(*toy_dataset(), **kw)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InterpolationDataError, match="m_j must satisfy"):
+        largest_exact_tau([np.zeros((1, 2))], [np.eye(2)])
 
 
 def test_softmax_tiny_temperature_no_nan():
