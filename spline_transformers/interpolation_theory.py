@@ -6,9 +6,10 @@ Docs: https://spline-transformers.github.io/spline_transformers/interpolation_th
 
 # %% auto #0
 __all__ = ['PROJECTIONS', 'stage_snapshots_figure', 'block_diagram_figure', 'hardmax_geometry_figure', 'lemma_figure',
-           'trajectory_animation', 'hardmax_vs_softmax_figure', 'softmax_clusters_figure', 'tau_measurement_figure',
-           'resnet_reference_params', 'params_vs_length_figure', 'TikhonovStudent', 'teacher_dataset', 'max_token_loss',
-           'train_tikhonov', 'tikhonov_figure', 'hausdorff_sq', 'descend_from_interpolant', 'descent_figure']
+           'separation_block_figure', 'selection_geometry_figure', 'trajectory_animation', 'hardmax_vs_softmax_figure',
+           'softmax_clusters_figure', 'tau_measurement_figure', 'resnet_reference_params', 'params_vs_length_figure',
+           'TikhonovStudent', 'teacher_dataset', 'max_token_loss', 'train_tikhonov', 'tikhonov_figure', 'hausdorff_sq',
+           'descend_from_interpolant', 'descent_figure']
 
 # %% ../nbs/21_interpolation_theory.ipynb #bab65ee3
 import math
@@ -172,7 +173,102 @@ def lemma_figure(seed:int=0)->go.Figure:
     fig.update_layout(height=400, margin=dict(t=80, b=30))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #6a13af40
+# %% ../nbs/21_interpolation_theory.ipynb #71befd22
+def separation_block_figure(
+    T:ExactInterpolator, # a built interpolator whose block `block` is a separation block
+    X:list, # its input sequences (2-D, or choose `dims`)
+    block:int=0, # which block to draw
+    dims:tuple=(0, 1), # the two coordinates to draw
+)->go.Figure:
+    "The paper's Fig. 6: one separation block, (a) the hat's strip and the direction v, (b) after its feed-forward layer, (c) after its attention layer."
+    blk = T.blocks[block]
+    if blk.stage != "separation" or blk.sa.is_identity(): raise ValueError(f"block {block} is not a separation block that moves tokens (stage {blk.stage!r})")
+    pos, _ = _frames_of(T, X, "layer")
+    frames = [[p[2 * block + f] for p in pos] for f in range(3)]      # before the block, after its FF, after its SA
+    U, b = blk.ff.U.detach().numpy(), blk.ff.b.detach().numpy()
+    used = np.abs(U).sum(1) > 0
+    u = U[used][0]; lo, hi = float((-b[used]).min()), float((-b[used]).max())
+    v = blk.sa.k.detach().numpy(); v = v / np.linalg.norm(v)
+    alpha = float(blk.sa.alpha)
+    moved = [(j, i) for j in range(len(pos)) for i in range(len(pos[j][0]))
+             if np.linalg.norm(frames[1][j][i] - frames[0][j][i] - (frames[1][0][0] - frames[0][0][0])) > 1e-9 * T.scale]
+    fig = make_subplots(1, 3, horizontal_spacing=0.07,
+                        subplot_titles=["(a) the hat's strip<br>and v", "(b) after FF:<br>translated, one pushed", f"(c) after SA:<br>pulled by α = {alpha:.2g}"])
+    sym = ["star", "circle", "triangle-up", "square"]
+    for c, fr in enumerate(frames, 1):
+        allp = np.concatenate([f[:, list(dims)] for f in fr]); r = _axis_range(allp, pad=0.15)
+        if c == 1:   # the strip {x : lo <= u.x <= hi}, clipped to the panel, and the line through 0 normal to v
+            ud = u[list(dims)]; un = ud / np.linalg.norm(ud); perp = np.array([-un[1], un[0]]); L = 10 * np.abs(r).max()
+            poly = np.array([lo / np.linalg.norm(ud) * un + L * perp, hi / np.linalg.norm(ud) * un + L * perp,
+                             hi / np.linalg.norm(ud) * un - L * perp, lo / np.linalg.norm(ud) * un - L * perp])
+            fig.add_scatter(x=poly[:, 0], y=poly[:, 1], fill="toself", mode="lines", line=dict(width=0), fillcolor="rgba(44,160,44,0.25)",
+                            name="strip where the hat acts", row=1, col=1)
+            vd = v[list(dims)]; nv = np.array([-vd[1], vd[0]])
+            fig.add_scatter(x=[-L * nv[0], L * nv[0]], y=[-L * nv[1], L * nv[1]], mode="lines", line=dict(color="grey", dash="dash", width=1),
+                            name="line through 0 normal to v", row=1, col=1)
+            span = float(np.ptp(allp, axis=0).max())
+            fig.add_annotation(x=0.45 * span * vd[0], y=0.45 * span * vd[1], ax=0, ay=0, xref="x", yref="y", axref="x", ayref="y", text="v",
+                               showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="black", font=dict(size=13))
+            for j, i in moved:   # the push, as a red arrow to where the token goes (less the common translation)
+                p0 = fr[j][i][list(dims)]; p1 = (frames[1][j][i] - (frames[1][0][0] - frames[0][0][0]))[list(dims)]
+                tip = p0 + 0.35 * span * (p1 - p0) / max(np.linalg.norm(p1 - p0), 1e-300)
+                fig.add_annotation(x=tip[0], y=tip[1], ax=p0[0], ay=p0[1], xref="x", yref="y", axref="x", ayref="y", text="",
+                                   showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#d62728")
+        for j, P in enumerate(fr):
+            x, y = _xy(P, dims)
+            fig.add_scatter(x=x, y=y, mode="markers", marker=dict(symbol=sym[j % 4], size=14 - 5 * (j % 2), color=_colors()[j % 8],
+                            line=dict(color="white", width=1)), name=f"sequence {j}", legendgroup=str(j), showlegend=c == 1, row=1, col=c)
+        fig.update_xaxes(range=list(r[0]), row=1, col=c); fig.update_yaxes(range=list(r[1]), row=1, col=c)
+    fig.update_annotations(font_size=13)
+    fig.update_layout(height=420, margin=dict(t=80, b=30), legend=dict(orientation="h", y=-0.12))
+    fig.layout.meta = dict(strip=(lo, hi), u=u.tolist(), v=v.tolist(), alpha=alpha, moved=moved)
+    return fig
+
+# %% ../nbs/21_interpolation_theory.ipynb #1e1e3f83
+def selection_geometry_figure(
+    T:ExactInterpolator, # a built interpolator
+    X:list, # its input sequences (2-D, or choose `dims`)
+    dims:tuple=(0, 1), # the two coordinates to draw
+)->go.Figure:
+    "The paper's Fig. 7: the box B, the region P of the leaders on the diagonal, the direction w and the arc S_R in the region Q; before and after the leaders stage."
+    if "geometry" not in T.info: raise ValueError("selection_geometry_figure needs an interpolator made by build_interpolator (T.info['geometry'])")
+    g = T.info["geometry"]; beta, R = g["beta"], g["R"]
+    pos, labels = _frames_of(T, X, "block")
+    ends = _stage_ends(labels)
+    before = [p[ends["separation"]] + g["translation"] for p in pos]    # after the separation, translated into the box
+    after = [p[max(i for i, l in enumerate(labels) if l == "leaders")] for p in pos]
+    top = float(g["leaders"][:, list(dims)].max()) + g["Delta"]
+    ext = max(top, R) * 1.1
+    fig = make_subplots(1, 2, horizontal_spacing=0.08, subplot_titles=["(a) the box B, the regions<br>P and Q, the direction w", "(b) after the<br>leaders stage"])
+    ang = np.linspace(np.pi, 1.5 * np.pi, 80)
+    for c, fr in enumerate((before, after), 1):
+        fig.add_shape(type="rect", x0=beta, y0=beta, x1=ext, y1=ext, line=dict(width=0), fillcolor="rgba(255,127,14,0.12)", row=1, col=c)
+        fig.add_shape(type="rect", x0=-ext, y0=-ext, x1=0, y1=0, line=dict(width=0), fillcolor="rgba(148,103,189,0.10)", row=1, col=c)
+        fig.add_shape(type="rect", x0=1, y0=1, x1=beta, y1=beta, line=dict(color="grey", dash="dot"), row=1, col=c)
+        fig.add_scatter(x=R * np.cos(ang), y=R * np.sin(ang), mode="lines", line=dict(color="#9467bd", width=1.5), name="arc S<sub>R</sub>",
+                        showlegend=c == 1, legendgroup="arc", row=1, col=c)
+        fig.add_scatter(x=[0, ext], y=[0, ext], mode="lines", line=dict(color="grey", dash="dash", width=1), showlegend=False, hoverinfo="skip", row=1, col=c)
+        for j, P in enumerate(fr):
+            x, y = _xy(P, dims)
+            fig.add_scatter(x=x, y=y, mode="markers", marker=dict(symbol=_SYMBOLS[j % 8], size=9, color=_colors()[j % 8]),
+                            name=f"sequence {j}", legendgroup=str(j), showlegend=c == 1, row=1, col=c)
+        if c == 1:
+            L, S = g["leaders"], g["sphere"]
+            fig.add_scatter(x=L[:, dims[0]], y=L[:, dims[1]], mode="markers", marker=dict(symbol="circle-open", size=13, color="black", line=dict(width=2)),
+                            name="leader destinations x̂<sup>j</sup>", row=1, col=1)
+            if len(S): fig.add_scatter(x=S[:, dims[0]], y=S[:, dims[1]], mode="markers", marker=dict(symbol="diamond-open", size=13, color="black", line=dict(width=2)),
+                                       name="sphere destinations", row=1, col=1)
+            wv = -np.ones(2) / math.sqrt(2) * 0.6 * R
+            fig.add_annotation(x=wv[0], y=wv[1], ax=0, ay=0, xref="x", yref="y", axref="x", ayref="y", text="", showarrow=True, arrowhead=2,
+                               arrowwidth=2, arrowcolor="black")
+            for txt, (px, py) in (("B", (beta, 1)), ("P", (0.5 * (beta + ext), ext * 0.95)), ("Q", (-0.9 * ext, -0.12 * ext)), ("w", tuple(wv * 1.12))):
+                fig.add_annotation(x=px, y=py, xref="x", yref="y", text=f"<b>{txt}</b>", showarrow=False, font=dict(size=14),
+                                   xanchor="left" if txt == "B" else "center", yanchor="bottom" if txt == "B" else "middle")
+        fig.update_xaxes(range=[-ext, ext], row=1, col=c); fig.update_yaxes(range=[-ext, ext], row=1, col=c)
+    fig.update_layout(height=460, margin=dict(t=80, b=30), legend=dict(orientation="h", y=-0.12))
+    return fig
+
+# %% ../nbs/21_interpolation_theory.ipynb #b1fbeb8e
 def _pca(points):
     "Mean and the top-2 principal directions of `points` (rows)."
     mu = points.mean(0)
@@ -246,7 +342,7 @@ def trajectory_animation(
         margin=dict(b=90), meta=dict(stages=[labels[k] for k in keep]))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #1fc5a2d1
+# %% ../nbs/21_interpolation_theory.ipynb #a3955199
 def hardmax_vs_softmax_figure(
     tau:float=0.15, # softmax temperature of the right panel
     seed:int=0, # random tokens in the box
@@ -262,7 +358,7 @@ def hardmax_vs_softmax_figure(
     fig.update_layout(height=380, margin=dict(t=80, b=30))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #ea6c8592
+# %% ../nbs/21_interpolation_theory.ipynb #71caec0a
 def _paper_profile(t, s, d, c):
     "The shape of the paper's Fig. 8 profile: slope -1 up to s (zero at s - d, minimum -d at s), back to 0 at s + c, flat after."
     return np.where(t < s, s - d - t, np.where(t < s + c, -d + (t - s) * d / c, 0.0))
@@ -326,11 +422,12 @@ def softmax_clusters_figure(
     fig.update_xaxes(title_text=f"t = e·x  (c = {c0:.3g}, below every token)", row=1, col=2)
     fig.update_yaxes(scaleanchor="x", row=1, col=1)
     fig.update_yaxes(title_text="output along g", row=1, col=2)
+    fig.update_annotations(font_size=13)
     fig.update_layout(height=460, margin=dict(t=70, b=30), legend=dict(orientation="h", y=-0.15))
     fig.layout.meta = dict(radii=radii, breakpoints=(c0, a0, b0))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #d14435c5
+# %% ../nbs/21_interpolation_theory.ipynb #0b1b201a
 def tau_measurement_figure(
     results:list, # dicts from `largest_exact_tau`, one per dataset
     labels:list, # one name per dataset
@@ -351,7 +448,7 @@ def tau_measurement_figure(
                       legend=dict(x=0.01, y=0.99, bgcolor="rgba(255,255,255,0.7)"))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #1f38e313
+# %% ../nbs/21_interpolation_theory.ipynb #8ae21c58
 def resnet_reference_params(n:int, d:int, N:int)->int:
     "N width-one residual layers x + w relu(u.x + b) on flattened sequences in R^(d n): N (2 d n + 1) parameters."
     return N * (2 * d * n + 1)
@@ -371,7 +468,7 @@ def params_vs_length_figure(
                       title=f"Parameters against input length (N = {N}, d = {d})", height=400, legend=dict(x=0.02, y=0.98))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #e47b6a9c
+# %% ../nbs/21_interpolation_theory.ipynb #21b51e97
 class TikhonovStudent(torch.nn.Module):
     "The authors' one-block student: attention (one head, full V, softmax at temperature tau) then a width-4 feed-forward layer."
     def __init__(self, d:int, width:int=4, tau:float=1.0, seed:int=0):
@@ -428,7 +525,7 @@ def tikhonov_figure(histories:dict, norm2:float)->go.Figure:
     fig.update_layout(height=400, legend=dict(orientation="h", y=-0.2))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #db50500c
+# %% ../nbs/21_interpolation_theory.ipynb #b0f9b674
 def hausdorff_sq(P:torch.Tensor, Q:torch.Tensor)->torch.Tensor:
     "Differentiable squared Hausdorff distance between point sets P (n, d) and Q (m, d)."
     D = ((P[:, None, :] - Q[None, :, :]) ** 2).sum(-1)
