@@ -16,9 +16,9 @@ __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'EXPERIMENTS', 'ZOO',
            'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'load_data', 'run_cell',
            'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register', 'get_experiment',
            'cpu_setting', 'provenance', 'attention_tail', 'summarise', 'summarise_transfer', 'reproduce', 'results_dir',
-           'load_result', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'curves_figure',
-           'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure',
-           'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
+           'load_result', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'seeds_frame',
+           'curves_figure', 'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure',
+           'transfer_figure', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -817,7 +817,7 @@ import plotly.graph_objects as go
 from .viz import seed_band_figure, matrix_heatmap
 from .two_phase import nonlinearities_figure
 
-# %% ../nbs/09_experiments.ipynb #8fc2a6bc
+# %% ../nbs/09_experiments.ipynb #b970cb5c
 def _arm_order(result:dict)->list:
     e = EXPERIMENTS.get(result["summary"]["experiment"])
     have = [a["arm"] for a in result["summary"].get("arms", [])]
@@ -843,6 +843,17 @@ def verdicts_frame(result:dict)->pd.DataFrame:
         rows.append({"compares": f"{v['arm']} vs {v['reference']}", "statistic": v["statistic"], "estimate": fmt(v["estimate"]),
                      "95% interval": f"[{fmt(v['low'])}, {fmt(v['high'])}]", "seeds": v["seeds"], "verdict": v["verdict"]})
     return pd.DataFrame(rows)
+
+def seeds_frame(
+    result:dict, # from `load_result`
+    value:str="final_test", # "final_test", "final_ood", "final_loss" or "steps" (steps to threshold; NaN where never reached)
+)->pd.DataFrame:
+    "One row per arm (in the registry's order), one column per seed: each seed's `value`, the numbers behind every median."
+    check_option(value, ("final_test", "final_ood", "final_loss", "steps"), "value")
+    ps = pd.DataFrame(result["summary"]["per_seed"])
+    if value not in ps or ps[value].isna().all(): raise ValueError(f"this result has no {value!r} per seed: pick another value")
+    t = ps.pivot_table(index="arm", columns="seed", values=value, dropna=False)
+    return t.loc[[a for a in _arm_order(result) if a in t.index]]
 
 def curves_figure(
     result:dict, # from `load_result`
@@ -920,7 +931,7 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
         rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #3038ab41
+# %% ../nbs/09_experiments.ipynb #21a2ac18
 ZOO = {  # zoo name -> (experiment, Phase I run)
     "add": ("add", "mlp_r0"), "add-mlp-attn": ("add", "mlpattn_r0"), "add-m1": ("add", "m1_r0"),
     "mano": ("mano", "mlp_r0"), "copy-alibi": ("copy", "alibi_mlp"), "copy-alibi-mlp-attn": ("copy", "alibi_mlpattn"),
