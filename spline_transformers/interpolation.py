@@ -263,7 +263,7 @@ def toy_dataset()->tuple:
     Y = [np.array([[1.4, 1.2]]), np.array([[-1.3, 1.1]]), np.array([[1.2, -1.3], [-1.2, -1.0]])]
     return X, Y
 
-# %% ../nbs/20_interpolation.ipynb #5c3256a1
+# %% ../nbs/20_interpolation.ipynb #4e201cd3
 STAGES = ("separation", "leaders", "collapse", "snap", "interpolation")  # stage names, in order
 ATTENTIONS = ("hardmax", "softmax")
 MODES = ("paper", "compact")
@@ -292,11 +292,10 @@ class FeedForward(nn.Module):
         return float(self.eta.detach()) == 1.0 and not bool(self.W.any())
     def forward(self, x):
         if self.is_identity() and not (torch.is_grad_enabled() and self.W.requires_grad): return x
-        if x.ndim == 2 and len(x) > 1 and not (torch.is_grad_enabled() and self.W.requires_grad):
-            u, inv = torch.unique(x, dim=0, return_inverse=True)   # equal tokens, equal outputs: a matrix product may round rows differently
-            if len(u) < len(x): return self._map(u)[inv]
-        return self._map(x)
-    def _map(self, x): return self.eta * x + torch.relu(x @ self.U.T + self.b) @ self.W.T
+        h = torch.relu((x[..., :, None] * self.U.T).sum(-2) + self.b)   # U x + b, summed in the same order for every token (no BLAS)
+        out = self.eta * x
+        for k in range(self.width): out = out + h[..., k:k+1] * self.W[:, k]   # W h, one unit at a time, elementwise
+        return out
 
 class InterpAttention(nn.Module):
     "SA_i(X) = rho x_i + alpha sum_l pi_il x_l with scores <A x_i, x_l>, A = gamma I + q k^T; hardmax or softmax(tau)."
