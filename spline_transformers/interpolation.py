@@ -9,7 +9,7 @@ __all__ = ['TOL_TIE', 'TOL_EQ', 'TOL_DEDUP', 'TOL_VERIFY', 'STAGES', 'ATTENTIONS
            'ExactInterpolator', 'InterpolationDataError', 'ConstructionError', 'DatasetFileError', 'hardmax_weights',
            'softmax_weights', 'hausdorff', 'group_points', 'distinct_points', 'data_scale', 'validate_dataset',
            'random_dataset', 'toy_dataset', 'FeedForward', 'InterpAttention', 'InterpBlock', 'identity_block',
-           'expected_blocks', 'params_per_block', 'tau_bound', 'build_interpolator', 'largest_exact_tau',
+           'expected_blocks', 'params_per_block', 'tau_bound', 'build_interpolator', 'largest_exact_tau', 'time_builds',
            'load_dataset_file', 'save_dataset_file', 'interpolate_file']
 
 # %% ../nbs/20_interpolation.ipynb #921ac30c
@@ -161,7 +161,7 @@ def distinct_points(
     _, first = np.unique(lab, return_index=True)
     return P[np.sort(first)]
 
-# %% ../nbs/20_interpolation.ipynb #6eb97f3a
+# %% ../nbs/20_interpolation.ipynb #13d6098e
 TOL_EQ = 1e-9      # token equality, relative to the data's scale
 TOL_DEDUP = 1e-7   # output de-duplication (predict), relative
 TOL_VERIFY = 1e-9  # accepted Hausdorff error after the last block, relative
@@ -205,7 +205,11 @@ def validate_dataset(
             if a.shape[1] != d: raise InterpolationDataError(f"sequence {j}: {what} tokens have dimension {a.shape[1]}, but sequence 0's inputs have d = {d}; all tokens need one dimension")
             bad = np.nonzero(~np.isfinite(a).all(1))[0]
             if len(bad): raise InterpolationDataError(f"sequence {j}: {what} token {int(bad[0])} has non-finite values {a[bad[0]].tolist()}; remove NaN/inf")
-    if d < 2: raise InterpolationDataError(f"token dimension d must be >= 2 (got d = {d}): extra outputs are parked on a sphere in the negative orthant, which is a single point for d = 1")
+    multi = [j for j, y in enumerate(Y) if len(y) > 1]
+    if d == 0 or (d == 1 and multi):
+        why = f"; sequence {multi[0]} has m_j = {len(Y[multi[0]])} targets" if d == 1 else ""
+        raise InterpolationDataError(f"token dimension d must be >= 2 (got d = {d}{why}): extra outputs are parked on a sphere in the negative orthant, "
+                                     f"which is a single point for d = 1; d = 1 works only when every target sequence has one token")
     scale = data_scale(X, Y); tol = TOL_EQ * scale
     for j, (x, y) in enumerate(zip(X, Y)):
         if len(y) > len(x): raise InterpolationDataError(f"sequence {j}: m_j must satisfy 1 <= m_j <= n_j, got m_j = {len(y)} targets for n_j = {len(x)} inputs (a transformer preserves length)")
@@ -888,7 +892,31 @@ def trajectory(self:ExactInterpolator,
             x = blk(x); frames.append(x.numpy().copy()); labels.append(blk.stage)
     return np.stack(frames), labels
 
-# %% ../nbs/20_interpolation.ipynb #6573804e
+# %% ../nbs/20_interpolation.ipynb #4f479e95
+_SIZE_KEYS = ("N", "d", "n", "m", "pool")
+
+def time_builds(
+    sizes:list, # one dict per dataset: `random_dataset`'s N, d (required), n, m, pool (optional)
+    attention:str="hardmax", # "hardmax" or "softmax"
+    seed:int=0, # seed of the datasets and of the construction
+)->list:
+    "Build and verify one random dataset per size; one dict per size with its counts, build and verification seconds and error."
+    check_option(attention, ATTENTIONS, "attention")
+    if not isinstance(sizes, (list, tuple)) or not all(isinstance(z, dict) for z in sizes): raise ValueError(f"sizes must be a list of dicts with keys N and d (and optionally n, m, pool), got {sizes!r}")
+    for z in sizes:
+        bad = sorted(set(z) - set(_SIZE_KEYS)); missing = [k for k in ("N", "d") if k not in z]
+        if bad or missing: raise ValueError(f"size {z}: " + (f"unknown keys {bad}" if bad else f"missing {missing}") + f"; valid keys: {', '.join(_SIZE_KEYS)}")
+    rows = []
+    for z in sizes:
+        X, Y = random_dataset(**z, seed=seed)
+        T = build_interpolator(X, Y, attention=attention, seed=seed)
+        i = T.info
+        rows.append(dict(N=i["N"], M=i["M"], d=T.d, tokens=i["total_tokens"], n_separation=i["n_separation"], n_blocks=T.n_blocks,
+                         n_params=T.n_params, build_s=i["build_seconds"], verify_s=i["seconds"] - i["build_seconds"],
+                         rel_error=float(i["hausdorff"].max()) / T.scale))
+    return rows
+
+# %% ../nbs/20_interpolation.ipynb #e10e7704
 DATASET_FORMATS = (".npz", ".json")
 
 def _split(flat, lengths, key, path):

@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 from spline_transformers.interpolation import (
     ConstructionError, DatasetFileError, ExactInterpolator, InterpolationDataError, InterpAttention, InterpBlock, STAGES,
     build_interpolator, expected_blocks, hardmax_weights, hausdorff, interpolate_file, load_dataset_file,
-    largest_exact_tau, params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound, toy_dataset, validate_dataset)
+    largest_exact_tau, params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound, time_builds, toy_dataset,
+    validate_dataset)
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +187,9 @@ def test_rejected_hypothesis(data, how, where):
     if how == "m_gt_n": Y[j] = np.vstack([Y[j]] + [Y[j][:1] + k + 1 for k in range(len(X[j]) - len(Y[j]) + 1)])
     if how == "same_set": X.append(X[j][::-1].copy()); Y.append(Y[j][:1].copy())
     if how == "non_finite": X[j][where % len(X[j]), 0] = np.nan
-    if how == "d1": X, Y = [x[:, :1] for x in X], [y[:, :1] for y in Y]
+    if how == "d1":   # d = 1 is refused when a target has two tokens (with every m_j = 1 it builds: test_low_dimension)
+        X, Y = [x[:, :1] for x in X], [y[:, :1] for y in Y]
+        if all(len(y) == 1 for y in Y): X[j] = np.vstack([X[j], X[j][:1] + 1e3]); Y[j] = np.vstack([Y[j], Y[j][:1] + 1e3])
     with pytest.raises(InterpolationDataError, match=BREAKS[how]):
         build_interpolator(X, Y)
 
@@ -210,6 +213,48 @@ def test_edge_cases(case):
     if case == "N_1_d_2": X = [rng.standard_normal((9, 2))]; Y = [rng.standard_normal((4, 2))]
     for attention in ("hardmax", "softmax"):
         assert_exact(build_interpolator(X, Y, attention=attention), X, Y)
+
+
+def _low_dim_dataset(kind, d, seed):
+    "Datasets that are hard for a construction that would need room: heavy sharing, collinear, lattice, near-coincident tokens."
+    rng = np.random.default_rng(seed)
+    if kind == "shared": return random_dataset(30, d, n=(2, 6), pool=6, seed=seed)
+    if kind == "random": return random_dataset(20, d, n=(1, 10), seed=seed)
+    if kind == "collinear":   # every token on the diagonal line
+        X = [np.outer(rng.choice(40, size=int(rng.integers(2, 7)), replace=False) / 10, np.ones(d)) for _ in range(15)]
+    if kind == "lattice":     # tokens of the grid {0, 1, 2}^d: equal coordinates, collinear triples, symmetric sets
+        grid = np.array(np.meshgrid(*[np.arange(3.)] * d)).reshape(d, -1).T
+        sets = list(dict.fromkeys(tuple(sorted(rng.choice(len(grid), int(rng.integers(2, 6)), replace=False).tolist())) for _ in range(40)))[:20]
+        X = [grid[list(idx)] for idx in sets]
+    if kind == "near": X = [np.vstack([x, x[:1] + 1e-6]) for x in random_dataset(10, d, n=(2, 6), seed=seed)[0]]
+    return X, [rng.standard_normal((int(rng.integers(1, len(x) + 1)), d)) for x in X]
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("kind", ["shared", "random", "collinear", "lattice", "near"])
+def test_low_dimension(kind, d):
+    "d = 2 and 3 need nothing the construction lacks: exact builds with the theorems' block counts on adversarial datasets."
+    for seed in (0, 1):
+        X, Y = _low_dim_dataset(kind, d, seed)
+        for attention in ("hardmax", "softmax"):
+            T = build_interpolator(X, Y, attention=attention, seed=seed)
+            assert T.n_blocks == expected_blocks(Y, attention)
+            assert_exact(T, X, Y)
+
+
+def test_d1_builds_with_single_targets_and_refuses_more_in_one_line():
+    "d = 1: the sphere of extra outputs is one point, so only datasets with every m_j = 1 are built; the others get one line."
+    for seed, pool in ((0, None), (1, 5), (2, 8)):
+        X, Y = random_dataset(8, 1, n=(1, 6), m=1, pool=pool, seed=seed)
+        for attention in ("hardmax", "softmax"):
+            assert_exact(build_interpolator(X, Y, attention=attention), X, Y)
+    X, Y = random_dataset(6, 1, n=(3, 6), m=1, seed=0)
+    Y[4] = np.vstack([Y[4], Y[4] + 1.0])
+    with pytest.raises(InterpolationDataError, match=r"^token dimension d must be >= 2 \(got d = 1; sequence 4 has m_j = 2 targets\)") as e:
+        build_interpolator(X, Y)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InterpolationDataError, match=r"d must be >= 2 \(got d = 0\)"):
+        build_interpolator([np.zeros((1, 0))], [np.zeros((1, 0))])
 
 
 @pytest.mark.parametrize("family", ["nested_chain", "triangle", "hull_interior", "differ_by_one", "all_shared"])
@@ -513,6 +558,29 @@ def test_dataset_file_errors(tmp_path, case, match):
     if case == "npz_object": np.savez(f, X=np.array([np.zeros((2, 2)), np.zeros((3, 2))], dtype=object), Y=np.zeros((2, 1, 2)))
     with pytest.raises(DatasetFileError, match=match):
         interpolate_file(f)
+
+
+def test_shipped_examples_are_the_chapters_datasets():
+    "The example files are the toy and random_dataset(N=8, d=20, seed=0) rounded to 4 decimals, and both build exactly."
+    ex = ROOT / "spline_transformers" / "examples"
+    X, Y = load_dataset_file(ex / "toy_2d.json")
+    Xt, Yt = toy_dataset()
+    assert [x.tolist() for x in X] == [x.tolist() for x in Xt] and [y.tolist() for y in Y] == [y.tolist() for y in Yt]
+    X, Y = load_dataset_file(ex / "random_d20.json")
+    Xr, Yr = random_dataset(N=8, d=20, seed=0)
+    assert all(np.array_equal(a, np.round(b, 4)) for a, b in zip(X + Y, Xr + Yr))
+    for f in ("toy_2d.json", "random_d20.json"):
+        assert interpolate_file(ex / f)["worst_relative_hausdorff"] < REL
+
+
+def test_time_builds():
+    "One row per size, with the theorem's block count and both times; bad sizes fail before any build."
+    rows = time_builds([dict(N=3, d=2, n=4, pool=6), dict(N=4, d=5, n=(1, 5), m=1)], attention="softmax")
+    assert [(r["N"], r["d"]) for r in rows] == [(3, 2), (4, 5)]
+    for r in rows:
+        assert r["n_blocks"] == 2 * r["M"] + 3 * r["N"] and r["build_s"] > 0 and r["verify_s"] > 0 and r["rel_error"] < REL
+    for sizes, match in (([dict(N=3)], r"missing \['d'\]"), ([dict(N=3, d=2, q=1)], r"unknown keys \['q'\]"), (dict(N=3, d=2), "list of dicts")):
+        with pytest.raises(ValueError, match=match): time_builds(sizes)
 
 
 def test_interpolate_file_reports_data_errors(tmp_path):
