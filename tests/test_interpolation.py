@@ -708,3 +708,50 @@ def test_theory_figures_lay_out_cleanly(tmp_path, width):
                         problems.append(f"{name} at {width}px: label {text!r} {[x0, y0, x1, y1]} is cut off by the plot area {got['plot']}")
             page.context.close()
     assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Tikhonov sweep (chapter 21): the committed file is current and the chapter states its slope
+
+def test_tikhonov_sweep_file_is_current():
+    "results/tikhonov/sweep.json was made with today's setting (config hash), holds every run with equal budgets and provenance."
+    from spline_transformers.interpolation_theory import TIKHONOV_SETTING, load_tikhonov, tikhonov_config_hash
+    res = load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")
+    assert res["provenance"]["config_hash"] == tikhonov_config_hash() == tikhonov_config_hash(res["setting"])
+    assert res["setting"] == TIKHONOV_SETTING
+    s = res["setting"]
+    keys = {(r["eps"], r["seed"], r["start"]) for r in res["runs"]}
+    assert keys == {(e, sd, st) for e in s["eps"] for sd in s["seeds"] for st in s["starts"]}
+    assert {r["epochs"] for r in res["runs"]} == {s["epochs"]}
+    assert all(r["min_loss"] > 0 and r["bound"] == pytest.approx(r["eps"] * res["norm2_star"]) for r in res["runs"])
+    for k in ("git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "threads", "wall_s", "date", "command"):
+        assert k in res["provenance"], k
+    assert (ROOT / "results" / "tikhonov" / "sweep.json").stat().st_size < 200_000
+
+
+def test_tikhonov_slope_is_what_the_chapter_says():
+    "The slope and bootstrap interval the chapter's text gives are those computed from the committed file."
+    from spline_transformers.interpolation_theory import load_tikhonov, tikhonov_slope
+    res = load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")
+    text = "".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "21_interpolation_theory.ipynb").read_text())["cells"]
+                   if c["cell_type"] == "markdown")
+    for start in res["setting"]["starts"]:
+        f = tikhonov_slope(res, start)
+        said = f"{start} starts: slope {f['slope']:.2f}, 95% interval [{f['lo']:.2f}, {f['hi']:.2f}]"
+        assert said in text, f"chapter 21 should say {said!r}"
+
+
+def test_tikhonov_slope_recovers_a_known_power_and_refuses_bad_input():
+    "On a synthetic sweep with loss = c_seed eps^1.5 the fitted slope is 1.5 with a tight interval; bad input is refused."
+    from spline_transformers.interpolation_theory import TIKHONOV_SETTING, tikhonov_run, tikhonov_slope, tikhonov_sweep
+    s = TIKHONOV_SETTING
+    res = {"setting": s, "runs": [dict(eps=e, seed=sd, start="warm", min_loss=(1 + sd) * e ** 1.5) for e in s["eps"] for sd in s["seeds"]]}
+    f = tikhonov_slope(res, "warm", n_boot=200)
+    assert f["slope"] == pytest.approx(1.5) and f["lo"] == pytest.approx(1.5) and f["hi"] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="start"): tikhonov_slope(res, "hot")
+    with pytest.raises(ValueError, match="2 seeds"): tikhonov_slope(res, "cold")
+    X, y = torch.zeros(2, 3, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="eps > 0"): tikhonov_run(X, y, 0.0, 100, 1e-2, 0)
+    with pytest.raises(ValueError, match="largest first"): tikhonov_sweep(dict(s, eps=[1e-3, 1e-1]))
+    r = tikhonov_run(X[:, :, :4] + 1, y + 1, 1e-2, 20, 1e-2, 0)
+    assert len(r["loss"]) == 20 and r["final_J"] == pytest.approx(r["final_loss"] + 1e-2 * r["norm2"])

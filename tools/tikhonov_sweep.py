@@ -1,7 +1,7 @@
 """Run the Tikhonov sweep of chapter 21 (minimum training loss against eps, cold and warm starts, several seeds, equal
 budgets) on one CPU thread and write `results/tikhonov/sweep.json` with provenance.
 
-    python tools/tikhonov_sweep.py            # about 10 minutes on one core
+    python tools/tikhonov_sweep.py            # about 13 minutes on one core
 """
 import sys
 from pathlib import Path
