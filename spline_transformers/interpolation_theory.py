@@ -535,7 +535,7 @@ def tikhonov_figure(histories:dict, norm2:float)->go.Figure:
     fig.update_layout(height=400, legend=dict(orientation="h", y=-0.2))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #81d4b009
+# %% ../nbs/21_interpolation_theory.ipynb #a04e1bf2
 TIKHONOV_SETTING = dict(
     N=10, n=20, d=16, width=4, data_seed=0,                       # the authors' teacher data, with n = 20 tokens instead of 100
     eps=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4],               # the Tikhonov weights, largest first (the warm chain's order)
@@ -682,7 +682,7 @@ def tikhonov_sweep_figure(result:dict)->go.Figure:
     "Fig. 1 from a sweep: (a) loss against epoch at the smallest eps, cold and warm; (b) minimum loss against eps, per seed, with the fitted slope."
     s, norm2 = result["setting"], result["norm2_star"]
     e0 = min(s["eps"])
-    fig = make_subplots(1, 2, subplot_titles=[f"(a) training loss, ε = {e0:g}, seed {s['curve_seed']}", "(b) minimum training loss against ε"])
+    fig = make_subplots(1, 2, subplot_titles=[f"(a) loss, ε = {e0:g}, seed {s['curve_seed']}", "(b) minimum loss against ε"])
     colors = {"warm": "#1f77b4", "cold": "#ff7f0e"}
     for c in result["curves"]:
         if c["eps"] == e0:

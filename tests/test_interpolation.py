@@ -662,7 +662,8 @@ def _theory_figures():
     hist = {e: np.geomspace(1.0, e, 50) for e in eps}
     return {"hardmax_geometry": theory.hardmax_geometry_figure(), "lemma": theory.lemma_figure(),
             "hardmax_vs_softmax": theory.hardmax_vs_softmax_figure(), "tikhonov": theory.tikhonov_figure(hist, 2.0),
-            "snapshots": theory.stage_snapshots_figure(build_interpolator(X, Y), X, Y)}
+            "snapshots": theory.stage_snapshots_figure(build_interpolator(X, Y), X, Y),
+            "tikhonov_sweep": theory.tikhonov_sweep_figure(theory.load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json"))}
 
 
 LAYOUT_JS = """gd => {
