@@ -643,12 +643,14 @@ def reproduce(
                 if p.poll() is None: p.terminate(); p.wait()
     return {n: results[n] for n in names if n in results}
 
-# %% ../nbs/09_experiments.ipynb #82f7bd8c
+# %% ../nbs/09_experiments.ipynb #3464463e
 def results_dir()->Path:
-    "Where committed results are read from: `$SPLINE_TRANSFORMERS_RESULTS`, else the checkout's `results/` (next to the package), else ./results."
+    "Where committed results are read from: `$SPLINE_TRANSFORMERS_RESULTS`, else the checkout's `results/` (next to the package), else the nearest `results/` holding a summary in the working folder or above it, else ./results."
     if os.environ.get("SPLINE_TRANSFORMERS_RESULTS"): return Path(os.environ["SPLINE_TRANSFORMERS_RESULTS"])
-    repo = Path(__file__).resolve().parents[1] / "results"
-    return repo if repo.is_dir() else Path("results")
+    here = globals().get("__file__")  # absent where this runs inside its own chapter
+    if here and (Path(here).resolve().parents[1] / "results").is_dir(): return Path(here).resolve().parents[1] / "results"
+    holds_results = lambda p: any((p / "results").glob("*/summary.json"))
+    return next((p / "results" for p in (Path.cwd(), *Path.cwd().parents) if holds_results(p)), Path("results"))
 
 def load_result(
     name:str, # experiment name

@@ -189,9 +189,10 @@ def _click(page, prefix, text):
 
 
 ED, FIT, MODEL, PLAYER = "ed = SplineEditor(spline)", "fit_editor = SplineEditor", "model_editor = SplineEditor", "player = CollapsePlayer"
+ZOO = "zoo_editor = SplineEditor"  # the zoo's learned spline (load_learned)
 MONITORS = ("TrainingMonitor(total=600", "TrainingMonitor(total=30")
 # each editor: (its cell, the kernel expression of the editor)
-EDITORS = ((ED, "ed"), (FIT, "fit_editor"), (MODEL, "model_editor"))
+EDITORS = ((ED, "ed"), (FIT, "fit_editor"), (MODEL, "model_editor"), (ZOO, "zoo_editor"))
 
 
 def _editor_matches_kernel(page, prefix, name):
@@ -237,9 +238,9 @@ def _check_after_run_all(page):
     "The editors hold exactly what the cells set (no undo step nobody made), the status lines show the instructions, the"
     " player's animation is drawn once (inside the player), and every figure agrees with the kernel."
     page.wait_for_timeout(3000)                          # late echoes from the browser have had time to arrive
-    hist = _kjson(page, "[[h[2] for h in e.history] for e in (ed, fit_editor, model_editor)]")
-    assert hist == [[], [], []], f"edits nobody made: {hist}"
-    assert _kjson(page, "[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in (ed, fit_editor, model_editor)]") == [True] * 3
+    hist = _kjson(page, "[[h[2] for h in e.history] for e in (ed, fit_editor, model_editor, zoo_editor)]")
+    assert hist == [[], [], [], []], f"edits nobody made: {hist}"
+    assert _kjson(page, "[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in (ed, fit_editor, model_editor, zoo_editor)]") == [True] * 4
     for prefix, name in EDITORS:
         status = page.evaluate(f"() => [...({JS_CELL})({json.dumps(prefix)}).querySelectorAll('.widget-html')].map(e => e.textContent)"
                                ".find(t => t.includes('undo steps'))")
@@ -250,7 +251,7 @@ def _check_after_run_all(page):
     assert page.evaluate(f"() => {_plots(page, PLAYER)}.length") == 1
     srcs = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => c.model.sharedModel.getSource())")
     stray = [s.splitlines()[0] for s, n in zip(srcs, n_anim) if n and not any(p in s for p in
-             (ED, FIT, MODEL, PLAYER, "AnimationOutput(anim3)", "monitor.figure()", "tm.figure()") + MONITORS)]
+             (ED, FIT, MODEL, ZOO, PLAYER, "AnimationOutput(anim3)", "monitor.figure()", "tm.figure()") + MONITORS)]
     assert not stray, f"figures under cells that show none: {stray}"
 
 
