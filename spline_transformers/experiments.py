@@ -694,7 +694,7 @@ def experiments_table(
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #085c78d5
+# %% ../nbs/09_experiments.ipynb #35a42d81
 _SPEED = "2–3× fewer steps to converge than the standard transformer, with a tighter spread across seeds (spec §6)"
 
 def _learned_arms(runs:str="phase1:mlp_r0", control:bool=True, arch:tuple=())->tuple:
@@ -716,7 +716,7 @@ register(Experiment(
     verdicts=(Verdict("learned"), Verdict("learned", "control"), Verdict("learned", "m1"), Verdict("learned_attn"))))
 
 register(Experiment(
-    "mano", "MANO (modular expressions)", task="mano", chapter="12_tasks",
+    "mano", "MANO (modular expressions)", task="mano", chapter="12_more_tasks",
     claim="Learned splines make a fresh transformer better at evaluating prefix expressions mod 5 with up to 2 operations (MANO at a CPU size).",
     paper="MANO: " + _SPEED + ".", paper_value=2.5,
     sizes=_sizes(cpu_setting(dict(max_ops=2, modulus=5), arms=_learned_arms(), phase1_runs=(Phase1Run("mlp_r0"),),
@@ -726,7 +726,7 @@ register(Experiment(
 
 _ALIBI = (("pos", "alibi"),)
 register(Experiment(
-    "copy", "COPY, length generalisation", task="copy", chapter="12_tasks", transfer_arm="alibi_learned",
+    "copy", "COPY, length generalisation", task="copy", chapter="12_more_tasks", transfer_arm="alibi_learned",
     claim="On sequences longer than any seen in training, ALiBi beats learned positions, and ALiBi with learned splines beats ALiBi.",
     paper="COPY (train lengths ≤ 10): sequence accuracy at unseen lengths ranks ALiBi + learned splines above ALiBi, which is above the "
           "baseline (≈ 0 at unseen lengths); not a full solution (spec §6).",
@@ -740,7 +740,7 @@ register(Experiment(
               Verdict("alibi_learned_attn", "alibi", "final_test", 0.0))))
 
 register(Experiment(
-    "parentheses", "Parentheses (Dyck-2)", task="parentheses", chapter="12_tasks",
+    "parentheses", "Parentheses (Dyck-2)", task="parentheses", chapter="12_more_tasks",
     claim="Learned splines make a fresh transformer learn to recognise balanced Dyck-2 strings (lengths 2–10) faster.",
     paper="Parentheses: named among the tasks where standard transformers struggle; no number given (spec §4).",
     sizes=_sizes(cpu_setting(dict(lengths=(2, 10), ood_lengths=(12, 20)), arms=_learned_arms(), phase1_runs=(Phase1Run("mlp_r0"),),
@@ -749,7 +749,7 @@ register(Experiment(
     verdicts=(Verdict("learned"), Verdict("learned", statistic="final_ood", above=0.0), Verdict("learned", "control"))))
 
 register(Experiment(
-    "needle", "Needle in a haystack (associative recall)", task="needle", chapter="12_tasks",
+    "needle", "Needle in a haystack (associative recall)", task="needle", chapter="12_more_tasks",
     claim="Learned splines make a fresh transformer better at recalling the value of a queried key among 2–4 pairs.",
     paper="Needle-in-a-haystack: named among the tasks where standard transformers struggle; no number given (spec §4).",
     sizes=_sizes(cpu_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), arms=_learned_arms(),
@@ -758,7 +758,7 @@ register(Experiment(
     verdicts=(Verdict("learned", statistic="final_test", above=0.0), Verdict("learned"), Verdict("learned", "control", "final_test", 0.0))))
 
 register(Experiment(
-    "modadd", "Modular addition (grokking preset)", task="modadd", chapter="12_tasks",
+    "modadd", "Modular addition (grokking preset)", task="modadd", chapter="12_more_tasks",
     claim="With weight decay 1.0 (the grokking preset), learned splines make a fresh transformer generalise (a + b) mod 23 faster.",
     paper="Modular addition: in the predecessor's lineage, ~10× faster convergence with learned activations in MLPs; "
           "uncertain whether this paper reports it (spec §4).", paper_value=10.0,
