@@ -663,7 +663,9 @@ def _theory_figures():
     return {"hardmax_geometry": theory.hardmax_geometry_figure(), "lemma": theory.lemma_figure(),
             "hardmax_vs_softmax": theory.hardmax_vs_softmax_figure(), "tikhonov": theory.tikhonov_figure(hist, 2.0),
             "snapshots": theory.stage_snapshots_figure(build_interpolator(X, Y), X, Y),
-            "tikhonov_sweep": theory.tikhonov_sweep_figure(theory.load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json"))}
+            "tikhonov_sweep": theory.tikhonov_sweep_figure(theory.load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")),
+            "training_vs_construction": theory.training_vs_construction_figure(
+                theory.load_interp_training(ROOT / "results" / "interp_training" / "sweep.json"))}
 
 
 LAYOUT_JS = """gd => {
@@ -756,3 +758,63 @@ def test_tikhonov_slope_recovers_a_known_power_and_refuses_bad_input():
     with pytest.raises(ValueError, match="largest first"): tikhonov_sweep(dict(s, eps=[1e-3, 1e-1]))
     r = tikhonov_run(X[:, :, :4] + 1, y + 1, 1e-2, 20, 1e-2, 0)
     assert len(r["loss"]) == 20 and r["final_J"] == pytest.approx(r["final_loss"] + 1e-2 * r["norm2"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# training versus construction (chapter 21): the committed sweep is current and complete, bad input is refused at once
+
+INTERP_TRAIN_FILE = ROOT / "results" / "interp_training" / "sweep.json"
+
+
+def test_interp_training_file_is_current_and_complete():
+    "results/interp_training/sweep.json was made with today's setting (config hash) and holds every run, the constructions and provenance."
+    from spline_transformers.interpolation_theory import (INTERP_TRAIN_SETTING, interp_training_config_hash, interp_training_medians,
+                                                          load_interp_training)
+    res = load_interp_training(INTERP_TRAIN_FILE)
+    assert res["provenance"]["config_hash"] == interp_training_config_hash() == interp_training_config_hash(res["setting"])
+    assert res["setting"] == INTERP_TRAIN_SETTING
+    s = res["setting"]
+    keys = [(r["dataset"], r["kind"], r["width"], r["seed"], r["lr"]) for r in res["runs"]]
+    want = {(d, k, w, sd, lr) for d in s["datasets"] for k, ws in (("transformer", s["transformer_widths"]), ("resnet", s["resnet_widths"]))
+            for w in ws for sd in s["seeds"] for lr in s["lrs"]}
+    assert len(keys) == len(set(keys)) and set(keys) == want
+    for r in res["runs"]:
+        assert r["n_params"] > 0 and r["wall_s"] > 0 and 0 <= r["best_error"] <= r["final_error"], r
+    for name in s["datasets"]:
+        c = res["construction"][name]
+        assert c["softmax"]["error"] < 1e-9 and c["hardmax"]["error"] < 1e-9
+        built = {r["n_params"] for r in res["runs"] if r["dataset"] == name and r["constructed_size"]}
+        assert built == {c["softmax"]["n_params"]}, (built, c)             # the constructed-size runs have the construction's size
+    assert len(interp_training_medians(res)) == len(s["datasets"]) * (len(s["transformer_widths"]) + len(s["resnet_widths"]))
+    for k in ("git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "processes", "wall_s", "date", "command"):
+        assert k in res["provenance"], k
+    assert INTERP_TRAIN_FILE.stat().st_size < 200_000
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(datasets={"mnist": ""}), "unknown datasets"), (dict(transformer_widths=[0, 4]), "widths must be integers"),
+    (dict(seeds=[]), "seeds must be"), (dict(steps=5), "steps >= 10"), (dict(lrs=[1e-2, -1.0]), "learning rates > 0"),
+    (dict(tau=0.0), "tau > 0")])
+def test_interp_training_refuses_bad_input_before_work(change, match, monkeypatch):
+    "A bad setting is refused with a one-line ValueError before any model is built or trained."
+    th = importlib.import_module("spline_transformers.interpolation_theory")
+    monkeypatch.setattr(th, "build_interpolator", lambda *a, **k: pytest.fail("built before checking the arguments"))
+    with pytest.raises(ValueError, match="kind"): th.train_interpolating_model([], [], "mlp", 4, 0, 100, 1e-2)
+    with pytest.raises(ValueError, match="width >= 1"): th.train_interpolating_model([], [], "resnet", 0, 0, 100, 1e-2)
+    monkeypatch.setattr(th, "train_interpolating_model", lambda *a, **k: pytest.fail("trained before checking the setting"))
+    with pytest.raises(ValueError, match=match) as e: th.interp_training_sweep(dict(th.INTERP_TRAIN_SETTING, **change))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="processes") as e: th.interp_training_sweep(processes=0)
+
+
+def test_trainable_interpolator_is_the_constructed_architecture():
+    "Loaded with a built softmax interpolator's weights, the trainable model has its parameter count and interpolates to rounding error."
+    from spline_transformers.interpolation_theory import FlatResNet, TrainableInterpolator, _pad, interpolation_error, resnet_reference_params
+    for X, Y in (toy_dataset(), random_dataset(5, 2, seed=0)):
+        T = build_interpolator(X, Y, attention="softmax")
+        net = TrainableInterpolator(T.n_blocks, T.d, T.blocks[0].ff.width, seed=1).load_construction(T)
+        assert net.n_params == T.n_params
+        Xp, mx, _, _ = _pad(X, Y)
+        with torch.no_grad(): assert interpolation_error(net(Xp, mx), mx, Y, T.scale) < 1e-9 * T.scale
+        n = max(len(x) for x in X)
+        assert FlatResNet(n, T.d, len(X), 1).n_params == resnet_reference_params(n, T.d, len(X))
