@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-# %% ../nbs/09_experiments.ipynb #43b8214f
-from .core import atomic_write, check_option, remove_stale_temps
+# %% ../nbs/09_experiments.ipynb #7a65a129
+from .core import atomic_write, check_option, cpu_model, git_output, remove_stale_temps
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
@@ -416,7 +416,7 @@ def cpu_setting(
                    replace(_BASE_P1_TRAIN, **(phase1_train or {})), Phase1Config(**{"spline_lr": 0.01, **(p1 or {})}),
                    tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, metric, tuple(eval_by))
 
-# %% ../nbs/09_experiments.ipynb #f4e54f16
+# %% ../nbs/09_experiments.ipynb #32a51ff2
 _CELL_WORKER = ("import json, sys, torch; torch.set_num_threads(1); from spline_transformers.experiments import Cell, run_cell; "
                 "d = json.loads(sys.argv[1]); run_cell(Cell(d['key'], d['spec'], tuple(d['deps']), d['label']), sys.argv[2], sys.argv[3])")
 
@@ -429,17 +429,6 @@ def _cell_process(cell:Cell, root:Path, device:str, log:Path)->subprocess.Popen:
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-c", _CELL_WORKER, arg, str(root), device], stdout=f, stderr=subprocess.STDOUT, env=env)
 
-def _git(*args)->Optional[str]:
-    try: return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError): return None
-
-def _cpu_model()->str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"): return line.split(":", 1)[1].strip()
-    except OSError: pass
-    return platform.processor() or platform.machine()
-
 def provenance(
     exp:Experiment, # the experiment
     size:str, # its size
@@ -450,8 +439,8 @@ def provenance(
     "Where a result comes from: versions, commit, config hash, machine, threads, jobs, wall time per cell, date, command."
     from spline_transformers import __version__
     return {"experiment": exp.name, "size": size, "config_hash": exp.config_hash(size), "package_version": __version__,
-            "git_commit": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "torch_version": torch.__version__, "python": platform.python_version(), "cpu": _cpu_model(), "cores": os.cpu_count(),
+            "git_commit": git_output("rev-parse", "HEAD") or None, "git_dirty": bool(git_output("status", "--porcelain", "--untracked-files=no")),
+            "torch_version": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "threads_per_cell": sorted({c.get("threads", 1) for c in cell_info}) or [1], "jobs": jobs,
             "device": sorted({c.get("device", "cpu") for c in cell_info}),
             "cell_wall_s": {c["label"]: round(c["wall_s"], 2) for c in cell_info}, "total_cell_wall_s": round(sum(c["wall_s"] for c in cell_info), 1),

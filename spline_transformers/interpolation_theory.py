@@ -17,13 +17,12 @@ __all__ = ['PROJECTIONS', 'TIKHONOV_SETTING', 'INTERP_TRAIN_SETTING', 'stage_sna
            'interp_training_points', 'interp_training_medians', 'load_interp_training',
            'training_vs_construction_figure']
 
-# %% ../nbs/21_interpolation_theory.ipynb #776a4e41
+# %% ../nbs/21_interpolation_theory.ipynb #5f15061c
 import datetime
 import hashlib
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,8 +31,8 @@ import torch
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-# %% ../nbs/21_interpolation_theory.ipynb #de304c04
-from .core import check_option
+# %% ../nbs/21_interpolation_theory.ipynb #8465e888
+from .core import atomic_write, check_option, cpu_model, git_output
 from .interpolation import (ExactInterpolator, InterpAttention, STAGES, TOL_DEDUP, build_interpolator, distinct_points,
                                                hardmax_weights, hausdorff, random_dataset, toy_dataset, expected_blocks, params_per_block)
 
@@ -539,7 +538,7 @@ def tikhonov_figure(histories:dict, norm2:float)->go.Figure:
     fig.update_layout(height=400, legend=dict(orientation="h", y=-0.2))
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #a04e1bf2
+# %% ../nbs/21_interpolation_theory.ipynb #10215c63
 TIKHONOV_SETTING = dict(
     N=10, n=20, d=16, width=4, data_seed=0,                       # the authors' teacher data, with n = 20 tokens instead of 100
     eps=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4],               # the Tikhonov weights, largest first (the warm chain's order)
@@ -554,21 +553,15 @@ def tikhonov_config_hash(setting:dict=None)->str:
     setting = TIKHONOV_SETTING if setting is None else setting
     return hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:16]
 
-def _git_out(*args)->str:
-    try: return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=Path(__file__).parent).stdout.rstrip()
-    except (OSError, subprocess.SubprocessError): return ""
-
 def tikhonov_provenance(
     setting:dict, # the sweep's setting
     wall_s:float, # the sweep's wall time in seconds
     command:str=None, # the command line (default: this process's)
 )->dict:
     "Where a Tikhonov sweep comes from: commit, dirty paths, config hash, torch, CPU, threads, wall time, date, command."
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    dirty = [l[3:] for l in _git_out("status", "--porcelain", "--untracked-files=no").splitlines()]
-    return {"config_hash": tikhonov_config_hash(setting), "git_commit": _git_out("rev-parse", "HEAD") or None, "git_dirty": bool(dirty),
-            "dirty_paths": dirty, "torch_version": torch.__version__, "python": platform.python_version(), "cpu": cpu,
+    dirty = [l[3:] for l in git_output("status", "--porcelain", "--untracked-files=no").splitlines()]
+    return {"config_hash": tikhonov_config_hash(setting), "git_commit": git_output("rev-parse", "HEAD") or None, "git_dirty": bool(dirty),
+            "dirty_paths": dirty, "torch_version": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
             "threads": torch.get_num_threads(), "wall_s": round(wall_s, 1),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join(["python"] + sys.argv)}
@@ -672,9 +665,7 @@ def tikhonov_medians(result:dict, start:str="warm")->dict:
 
 def save_tikhonov(result:dict, path)->Path:
     "Write a Tikhonov sweep as JSON (the final student states are not kept)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return path
+    return atomic_write(path, json.dumps(result, indent=1) + "\n")
 
 def load_tikhonov(path)->dict:
     "Read a Tikhonov sweep written by save_tikhonov."
@@ -760,7 +751,7 @@ def descent_figure(runs:list)->go.Figure:
                       title="Descending J_ε from the exact interpolant: the loss stays below ε‖θ*‖²")
     return fig
 
-# %% ../nbs/21_interpolation_theory.ipynb #a27d3688
+# %% ../nbs/21_interpolation_theory.ipynb #4e657f5f
 INTERP_TRAIN_SETTING = dict(
     datasets={"toy": "toy_dataset()", "random": "random_dataset(5, 2, seed=0)"},  # the chapter's two small datasets
     transformer_widths=[4, 16],                       # FF width of the trained transformers; 4 is the constructed architecture
@@ -972,7 +963,7 @@ def interp_training_medians(result:dict)->list:
             for k, v in groups.items()]
 
 def load_interp_training(path)->dict:
-    "Read a training-versus-construction sweep written by save_tikhonov."
+    "Read a training-versus-construction sweep (written by `save_tikhonov`, the JSON writer of both sweeps)."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"no training sweep at {path}: run `python tools/interp_training_sweep.py`")
     return json.loads(path.read_text())
