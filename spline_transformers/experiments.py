@@ -12,30 +12,31 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict',
-           'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'load_data', 'run_cell',
-           'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register', 'get_experiment',
-           'cpu_setting', 'provenance', 'attention_tail', 'summarise', 'summarise_transfer', 'reproduce', 'results_dir',
-           'load_result', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'seeds_frame',
-           'curves_figure', 'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure',
-           'transfer_figure', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm',
+           'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'load_data',
+           'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide',
+           'register', 'get_experiment', 'cpu_setting', 'provenance', 'attention_tail', 'summarise',
+           'summarise_transfer', 'reproduce', 'results_dir', 'load_result', 'stale_results', 'experiments_table',
+           'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
+           'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'findings_table', 'zoo_dir', 'learned_zoo',
+           'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
 import pandas as pd
 import torch
 
-# %% ../nbs/09_experiments.ipynb #7a65a129
-from .core import atomic_write, check_option, cpu_model, git_output, remove_stale_temps
+# %% ../nbs/09_experiments.ipynb #08dee87e
+from .core import atomic_write, check_option, cpu_model, git_output, remove_stale_temps, model_device
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
 from .corpora import load_corpus, CORPORA
 from .train import TrainConfig, metrics_frame, steps_to_threshold
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, check_disjoint_seeds,
-                                           PHASE1_SEED_START)
+                                           PHASE1_SEED_START, as_nonlinearities)
 
-# %% ../nbs/09_experiments.ipynb #0308d9fb
+# %% ../nbs/09_experiments.ipynb #39b4432e
 @dataclass(frozen=True)
 class Experiment:
     "A claim of the paper, the paper's number, the rule that decides it, and the experiment at three sizes."
@@ -51,6 +52,12 @@ class Experiment:
     sources:tuple=() # other experiments whose Phase I runs this one uses ("EXP/RUN" in an arm's source)
     transfer_arm:str="learned" # the arm whose architecture and first Phase I run the transfer matrix uses for this task
     targets:tuple=() # a transfer matrix: the experiments whose tasks are its columns and whose learned splines are its rows
+    rows:tuple=() # a transfer matrix whose rows are not its columns: the experiments whose learned splines are its rows (default: `targets`)
+
+    @property
+    def row_sources(self)->tuple:
+        "The experiments whose learned splines are the rows of this transfer matrix."
+        return self.rows or self.targets
 
     def setting(self, size:str):
         "The `Setting` of `size`."
@@ -59,10 +66,10 @@ class Experiment:
 
     def config_hash(self, size:str)->str:
         "The hash of `size`'s setting, with the claim, rule and the settings of the experiments it draws splines from."
-        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets}
+        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets + self.rows}
         return _hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
 
-# %% ../nbs/09_experiments.ipynb #0d6b92c0
+# %% ../nbs/09_experiments.ipynb #8200748b
 SIZES = ("smoke", "cpu", "gpu")  # the three sizes of every experiment
 STATISTICS = ("speedup", "final_test", "final_ood", "diagonal")  # what a verdict can compare
 VERDICTS = ("reproduced", "reversed", "inconclusive")  # what a verdict can say
@@ -86,6 +93,13 @@ class Arm:
     mlp:bool=True # "init": freeze a spline MLP activation
     attn:bool=False # "init": freeze a spline attention kernel
     arch:tuple=() # changes to the setting's architecture for this arm, as (field, value) pairs
+    form:str="spline" # how Phase I splines are applied (`Nonlinearities.in_form`): "spline", "polynomial:24", "smooth:2", "symmetrise"
+
+    def to_dict(self)->dict:
+        "The arm as JSON-able data (`form` only when it is not the plain spline, so older results keep their hash)."
+        d = asdict(self)
+        if d["form"] == "spline": d.pop("form")
+        return d
 
 @dataclass(frozen=True)
 class Verdict:
@@ -109,7 +123,7 @@ class Verdict:
         return (f"reproduced if the paired bootstrap {self.confidence:.0%} interval of {what} lies above {self.above:g}; "
                 f"reversed if it lies below {self.above:g}; inconclusive otherwise, and with fewer than {MIN_SEEDS} paired seeds")
 
-# %% ../nbs/09_experiments.ipynb #c3479042
+# %% ../nbs/09_experiments.ipynb #7afa045e
 @dataclass(frozen=True)
 class Setting:
     "One size of an experiment: everything that decides its numbers."
@@ -129,7 +143,7 @@ class Setting:
         "The setting as JSON-able data."
         return {"task_params": dict(self.task_params), "arch": self.arch.to_dict(), "train": self.train.to_dict(),
                 "phase1_train": self.phase1_train.to_dict(), "p1": self.p1.to_dict(),
-                "phase1_runs": [asdict(r) for r in self.phase1_runs], "arms": [asdict(a) for a in self.arms],
+                "phase1_runs": [asdict(r) for r in self.phase1_runs], "arms": [a.to_dict() for a in self.arms],
                 "seeds": list(self.seeds), "threshold": self.threshold, "metric": self.metric, "eval_by": list(self.eval_by)}
 
 # %% ../nbs/09_experiments.ipynb #92f991ba
@@ -137,7 +151,7 @@ def _canonical(x)->str: return json.dumps(x, sort_keys=True, default=list, separ
 
 def _hash(x)->str: return hashlib.sha256(_canonical(x).encode()).hexdigest()[:16]
 
-# %% ../nbs/09_experiments.ipynb #d1e59ec0
+# %% ../nbs/09_experiments.ipynb #368d4324
 @dataclass(frozen=True, eq=False)
 class Cell:
     "One unit of work: a Phase I run or one Phase II (arm, seed) run, named by the hash of its spec."
@@ -186,12 +200,14 @@ def cells(exp:Experiment, size:str)->list:
             if refs:
                 src = _source_cell(exp, size, refs[i % len(refs)])
                 spec["nonlinearities"] = {"phase1": src.key}; deps = (src.key,)
+                if arm.form != "spline": spec["nonlinearities"]["form"] = arm.form
+            elif arm.form != "spline": raise ValueError(f"{exp.name}: arm {arm.name!r} has form {arm.form!r} but no Phase I splines; give it source 'phase1:NAME'")
             elif arm.source == "init": spec["nonlinearities"] = {"init": {"mlp": arm.mlp, "attn": arm.attn}}
             elif arm.source != "standard": raise ValueError(f"{exp.name}: arm {arm.name!r} has source {arm.source!r}; use 'standard', 'init' or 'phase1:NAME'")
             out.append(Cell(_hash(spec), spec, deps, f"{exp.name}/{arm.name}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #98b393b1
+# %% ../nbs/09_experiments.ipynb #655c9ea7
 def _train_spec(e:Experiment, size:str, arch:TransformerConfig, seed:int, nonlinearities)->dict:
     s = e.setting(size)
     return {"kind": "train", "task": e.task, "task_params": dict(s.task_params), "arch": arch.to_dict(), "train": _device_free(s.train),
@@ -207,19 +223,19 @@ def transfer_source(e:Experiment, size:str)->tuple:
 
 def transfer_matrix_cells(exp:Experiment, size:str)->list:
     "The cells of a transfer matrix: the sources' Phase I cells, then (source, target, seed) for the standard row and every source."
-    srcs = {t: transfer_source(EXPERIMENTS[t], size) for t in exp.targets}
-    out = list({c.key: c for _, c in srcs.values()}.values())
+    srcs = {t: transfer_source(EXPERIMENTS[t], size) for t in dict.fromkeys(exp.targets + exp.row_sources)}
+    out = list({srcs[r][1].key: srcs[r][1] for r in exp.row_sources}.values())
     seeds = exp.setting(size).seeds
     for t in exp.targets:
         e = EXPERIMENTS[t]; arch = srcs[t][0]
-        for row in ("standard",) + tuple(exp.targets):
+        for row in ("standard",) + tuple(exp.row_sources):
             for seed in seeds:
                 nl = "standard" if row == "standard" else {"phase1": srcs[row][1].key}
                 spec = _train_spec(e, size, arch, seed, nl)
                 out.append(Cell(_hash(spec), spec, () if row == "standard" else (srcs[row][1].key,), f"{exp.name}/{row}->{t}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #07a13d5e
+# %% ../nbs/09_experiments.ipynb #4790d063
 def load_data(
     task:str, # a task name, or "corpus" (then `params` holds the corpus `name` and `load_corpus`'s arguments)
     params:dict, # the task's parameters, or the corpus's
@@ -235,6 +251,51 @@ def _train_config(d:dict, device:str, folder:Path)->TrainConfig:
 def _forward_one(ens):
     "A (B, T) -> (B, T, V) callable from an ensemble of one model."
     return lambda x: ens(x.unsqueeze(0))[0]
+
+PROBE_EDGES = np.round(np.linspace(-12.0, 12.0, 121), 6)  # histogram bin edges of the pre-activations a corpus cell records
+
+def _histogram(v:torch.Tensor)->dict:
+    "Counts of `v` in `PROBE_EDGES`' bins, the counts below and above them, and its 1%, 50% and 99% quantiles."
+    x = v.double().numpy()
+    q = np.quantile(x, [0.01, 0.5, 0.99]) if len(x) else [math.nan] * 3
+    return {"counts": np.histogram(x, PROBE_EDGES)[0].tolist(), "below": int((x < PROBE_EDGES[0]).sum()),
+            "above": int((x > PROBE_EDGES[-1]).sum()), "n": int(len(x)), "q01": float(q[0]), "median": float(q[1]), "q99": float(q[2])}
+
+@torch.no_grad()
+def corpus_probe(
+    model:Ensemble, # a trained ensemble of one language model
+    data, # the `TokenArrays` it was trained on
+    windows:int=16, # validation windows whose pre-activations are histogrammed
+    prompt_tokens:int=32, # the prompt: the first tokens of the first validation window
+    sample_tokens:int=160, # tokens generated after the prompt
+    temperature:float=0.8, # sampling temperature
+    seed:int=0, # the sampling seed
+)->dict:
+    "What a trained language model does inside and out: histograms of its MLP pre-activations and attention scores per layer, and a text sample."
+    from spline_transformers import ensemble as ens_mod
+    from spline_transformers.attention import _scores
+    from spline_transformers.model import GATED
+    seen = {"mlp": [], "attn": []}
+    act, attend = ens_mod.mlp_activation, ens_mod.attend
+    def recording_act(h, mlp_act, phi=None):
+        seen["mlp"].append((h[..., : h.shape[-1] // 2] if mlp_act in GATED else h).float().flatten().cpu())
+        return act(h, mlp_act, phi)
+    def recording_attend(q, k, v, *a, **kw):
+        sc = _scores(q, k, kw.get("bias")); T = sc.shape[-1]
+        seen["attn"].append(sc[..., torch.ones(T, T, dtype=torch.bool, device=sc.device).tril()].float().flatten().cpu())
+        return attend(q, k, v, *a, **kw)
+    was_training = model.training; model.eval()
+    x = data.eval_set("val", windows).x.to(model_device(model))
+    ens_mod.mlp_activation, ens_mod.attend = recording_act, recording_attend
+    try: model(x)
+    finally: ens_mod.mlp_activation, ens_mod.attend = act, attend
+    lm = model.extract(0)
+    prompt = x[0, :prompt_tokens]
+    out = lm.generate(prompt, sample_tokens, temperature=temperature, generator=torch.Generator(device=prompt.device).manual_seed(seed))
+    model.train(was_training)
+    return {"edges": PROBE_EDGES.tolist(), "spline_range": float(model.cfg.spline_range),
+            "mlp": [_histogram(v) for v in seen["mlp"]], "attn": [_histogram(v) for v in seen["attn"]],
+            "prompt": data.decode(prompt.cpu()), "sample": data.decode(out[prompt_tokens:].cpu()), "temperature": temperature, "sample_seed": seed}
 
 def run_cell(
     cell:Cell, # the unit of work
@@ -256,7 +317,9 @@ def run_cell(
         arch, cfg, nl = TransformerConfig.from_dict(s["arch"]), _train_config(s["train"], device, folder), s["nonlinearities"]
         seeds, name = [s["seed"]], "arm"
         if nl == "standard": res = baseline(task, arch, cfg, seeds=seeds, name=name, resume=resume)
-        elif "phase1" in nl: res = phase2(task, root / nl["phase1"] / "phase1", arch, cfg, seeds=seeds, name=name, resume=resume)
+        elif "phase1" in nl:
+            src = root / nl["phase1"] / "phase1"
+            res = phase2(task, as_nonlinearities(src).in_form(nl["form"]) if "form" in nl else src, arch, cfg, seeds=seeds, name=name, resume=resume)
         else:
             init = Ensemble(arch_for(task, spline_arch(arch, **nl["init"])), seeds=[0]).nonlinearities
             res = phase2(task, init, arch, cfg, seeds=seeds, name=name, resume=resume)
@@ -265,6 +328,7 @@ def run_cell(
             model = _forward_one(res.model.eval())
             by = pd.concat([task.evaluate_by(model, sp).assign(split=sp) for sp in s["eval_by"]], ignore_index=True)
             atomic_write(folder / "by_size.csv", by.to_csv(index=False))
+        if s["task"] == "corpus": atomic_write(folder / "probe.json", json.dumps(corpus_probe(res.model, task, seed=s["seed"])))
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
     shutil.rmtree(folder / "ckpt", ignore_errors=True)
     done = {"key": cell.key, "label": cell.label, "wall_s": time.perf_counter() - t0, "resumed": resume,
@@ -347,7 +411,7 @@ def decide(
     return {"arm": v.arm, "reference": v.reference, "statistic": v.statistic, "estimate": est, "low": lo, "high": hi,
             "seeds": len(both), "verdict": verdict, "rule": v.rule}
 
-# %% ../nbs/09_experiments.ipynb #98387aa6
+# %% ../nbs/09_experiments.ipynb #65c7c055
 EXPERIMENTS:dict = {}  # name -> Experiment, in the order of the book
 
 def register(exp:Experiment)->Experiment:
@@ -356,7 +420,7 @@ def register(exp:Experiment)->Experiment:
     missing = set(SIZES) - set(exp.sizes)
     if missing: raise ValueError(f"{exp.name}: every experiment needs the sizes {SIZES}; missing {sorted(missing)}")
     if exp.targets:
-        for t in exp.targets: get_experiment(t)
+        for t in exp.targets + exp.rows: get_experiment(t)
     elif exp.task == "corpus": check_option(dict(exp.setting("cpu").task_params).get("name"), CORPORA, "corpus")
     else: check_option(exp.task, TASKS, "task")
     for size in SIZES:
@@ -447,7 +511,7 @@ def provenance(
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join(["spline-transformers"] + sys.argv[1:])}
 
-# %% ../nbs/09_experiments.ipynb #5614e669
+# %% ../nbs/09_experiments.ipynb #aa2eb9e4
 def _finite(x):
     "JSON-safe: non-finite floats become None (a seed that never reached the threshold has steps None and reached False)."
     if isinstance(x, dict): return {k: _finite(v) for k, v in x.items()}
@@ -485,7 +549,7 @@ def summarise(
     missing = [c.label for c in cs if not _is_done(root, c.key)]
     if missing: raise ValueError(f"{exp.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {exp.name} --size {size} --resume`")
     folder.mkdir(parents=True, exist_ok=True); (folder / "splines").mkdir(exist_ok=True)
-    metrics, p1_metrics, by, phase1_info = [], [], [], {}
+    metrics, p1_metrics, by, phase1_info, probes = [], [], [], {}, {}
     for c in cs:
         m = pd.read_csv(root / c.key / "metrics.csv")
         if c.spec["kind"] == "phase1":
@@ -501,6 +565,7 @@ def summarise(
             arm, seed = _arm_of(c.label)
             metrics.append(m.assign(model=arm))
             if (root / c.key / "by_size.csv").is_file(): by.append(pd.read_csv(root / c.key / "by_size.csv").assign(arm=arm, seed=seed))
+            if seed == s.seeds[0] and (root / c.key / "probe.json").is_file(): probes[arm] = {"seed": seed, **json.loads((root / c.key / "probe.json").read_text())}
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
     seeds = per_seed(metrics, s.threshold, s.metric)
     verdicts = [decide(v, seeds) for v in exp.verdicts]
@@ -511,12 +576,13 @@ def summarise(
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
     if p1_metrics: atomic_write(folder / "phase1_metrics.csv", pd.concat(p1_metrics, ignore_index=True).round({"value": 5}).to_csv(index=False))
     if by: atomic_write(folder / "by_size.csv", pd.concat(by, ignore_index=True).round(5).to_csv(index=False))
+    if probes: atomic_write(folder / "probes.json", json.dumps(_finite(probes)))
     info = [json.loads((root / c.key / "done.json").read_text()) for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))   # last: a folder with summary.json is complete
     return summary
 
-# %% ../nbs/09_experiments.ipynb #f3ec9614
+# %% ../nbs/09_experiments.ipynb #9d4c005c
 def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1, command:Optional[str]=None)->dict:
     "Write a transfer matrix's folder: summary.json (matrices, per-seed table, diagonal verdict), metrics.csv, provenance.json."
     out = Path(out); root, folder = out / ".cells", out / exp.name
@@ -535,12 +601,12 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
         tables.append(per_seed(g.drop(columns="target"), st.threshold, st.metric).assign(target=t))
     seeds = pd.concat(tables, ignore_index=True)
     agg = seeds.groupby(["arm", "target"], sort=False).agg(final_test=("final_test", "median"), steps=("steps", "median")).reset_index()
-    rows = ["standard"] + list(exp.targets)
+    rows = ["standard"] + list(exp.row_sources)
     piv = lambda col: agg.pivot(index="arm", columns="target", values=col).reindex(index=rows, columns=list(exp.targets))
     final, steps = piv("final_test"), piv("steps")
     speed = pd.DataFrame({t: [_ratio(np.array([steps.loc["standard", t]]), np.array([steps.loc[r, t]])) for r in rows] for t in exp.targets}, index=rows)
     learned = final.drop(index="standard")
-    diag = [bool(learned.loc[t, t] >= learned[t].max() - 1e-12) for t in exp.targets]
+    diag = [bool(t in learned.index and learned.loc[t, t] >= learned[t].max() - 1e-12) for t in exp.targets]
     v = exp.verdicts[0]; frac = float(np.mean(diag))
     verdict = {"arm": "diagonal", "reference": "other learned rows", "statistic": "diagonal", "estimate": frac, "low": frac, "high": frac,
                "seeds": len(exp.setting(size).seeds), "verdict": "reproduced" if frac >= v.above else "not reproduced", "rule": v.rule,
@@ -556,7 +622,7 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
 
-# %% ../nbs/09_experiments.ipynb #9812197b
+# %% ../nbs/09_experiments.ipynb #a9975165
 def _pending(names:Sequence[str], size:str, root:Path)->tuple:
     "All cells of `names` (shared ones once) and the experiment labels of each."
     todo, owners = {}, {}
@@ -584,7 +650,7 @@ def reproduce(
     check_option(size, SIZES, "size")
     if not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     if size == "gpu" and device == "cpu": raise ValueError("the gpu size is the paper's; run it with device='cuda' (--device cuda) on a GPU machine")
-    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).sources + get_experiment(n).targets)) + names   # sources first
+    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).sources + get_experiment(n).targets + get_experiment(n).rows)) + names   # sources first
     names = list(dict.fromkeys(names))
     out = Path(out); root = out / ".cells"; root.mkdir(parents=True, exist_ok=True)
     say = log or (lambda s: None)
@@ -632,7 +698,7 @@ def reproduce(
                 if p.poll() is None: p.terminate(); p.wait()
     return {n: results[n] for n in names if n in results}
 
-# %% ../nbs/09_experiments.ipynb #3464463e
+# %% ../nbs/09_experiments.ipynb #caef28fc
 def results_dir()->Path:
     "Where committed results are read from: `$SPLINE_TRANSFORMERS_RESULTS`, else the checkout's `results/` (next to the package), else the nearest `results/` holding a summary in the working folder or above it, else ./results."
     if os.environ.get("SPLINE_TRANSFORMERS_RESULTS"): return Path(os.environ["SPLINE_TRANSFORMERS_RESULTS"])
@@ -654,6 +720,7 @@ def load_result(
          "folder": folder}
     for t in ("metrics", "phase1_metrics", "by_size"):
         if (folder / f"{t}.csv").is_file(): r[t] = pd.read_csv(folder / f"{t}.csv")
+    if (folder / "probes.json").is_file(): r["probes"] = json.loads((folder / "probes.json").read_text())
     return r
 
 def stale_results(
@@ -683,7 +750,7 @@ def experiments_table(
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #35a42d81
+# %% ../nbs/09_experiments.ipynb #77a90dd7
 _SPEED = "2–3× fewer steps to converge than the standard transformer, with a tighter spread across seeds (spec §6)"
 
 def _learned_arms(runs:str="phase1:mlp_r0", control:bool=True, arch:tuple=())->tuple:
@@ -796,12 +863,64 @@ register(Experiment(
               Verdict("swiglu", "gelu", "final_test", 0.0), Verdict("spline", "m1", "final_test", 0.0),
               Verdict("spline", "control", "final_test", 0.0))))
 
+def _lm_corpus(
+    name:str, # registry name
+    title:str, # short title
+    corpus:str, # the corpus at cpu size
+    gpu_corpus:str, # the hub corpus the gpu size names
+    claim:str, # the claim in one sentence
+)->Experiment:
+    "A language-model experiment on a BPE corpus: GeLU against the learned MLP spline (Phase I M = 4), at the character-level experiment's sizes."
+    return Experiment(
+        name, title, task="corpus", chapter="12a_language", claim=claim, transfer_arm="spline",
+        paper="TinyStories (2 layers, width 256), validation token accuracy: GeLU 63.7%, learned MLP spline 64.4% (spec §6).", paper_value=0.007,
+        sizes=_sizes(cpu_setting(
+            dict(name=corpus, tokenizer="bpe", vocab_size=1024, block_size=128),
+            arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0")), phase1_runs=(Phase1Run("mlp_r0"),),
+            arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
+            gpu_task_params=dict(name=gpu_corpus, tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
+            gpu_train=dict(steps=20000, batch_size=64)),
+        verdicts=(Verdict("spline", "gelu", "final_test", 0.0),))
+
+register(_lm_corpus("lm_shakespeare_bpe", "Language model: the MLP spline (Shakespeare, BPE 1024)", "shakespeare", "tinystories",
+                    "In a byte-level BPE (1,024 tokens) language model of Shakespeare, the learned MLP spline raises validation token accuracy over GeLU."))
+register(_lm_corpus("lm_code_bpe", "Language model: the MLP spline (Python code, BPE 1024)", "code", "codesearchnet",
+                    "In a byte-level BPE (1,024 tokens) language model of the Python standard library, the learned MLP spline raises "
+                    "validation token accuracy over GeLU."))
+
+_CHAR_MLP = "phase1:lm_shakespeare_char/mlp_r0"
+register(Experiment(
+    "lm_deploy", "Language model: the spline as a polynomial, and cleaned (Shakespeare, characters)", task="corpus", chapter="12a_language",
+    sources=("lm_shakespeare_char/mlp_r0",),
+    claim="The learned MLP spline of the character-level Shakespeare model keeps its gain over GeLU when a degree-24 Chebyshev polynomial "
+          "replaces it inside the model, at a small cost against the spline; hand-cleaned versions (smoothed, symmetrised) do worse than the raw spline.",
+    paper="FineWeb, 12 layers, validation loss: spline 3.68, polynomial approximation 3.69, GeLU 3.72; appendix D: cleaned "
+          "(symmetrised or periodic) splines hurt (spec §1.5, §6).", paper_value=0.03,
+    sizes=_sizes(cpu_setting(
+        dict(name="shakespeare", tokenizer="char", block_size=128),
+        arms=(Arm("gelu"), Arm("spline", _CHAR_MLP), Arm("polynomial", _CHAR_MLP, form="polynomial:24"),
+              Arm("smoothed", _CHAR_MLP, form="smooth:2"), Arm("symmetrised", _CHAR_MLP, form="symmetrise")),
+        arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
+        gpu_task_params=dict(name="tinystories", tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
+        gpu_train=dict(steps=20000, batch_size=64)),
+    verdicts=(Verdict("polynomial", "gelu", "final_test", 0.0), Verdict("spline", "polynomial", "final_test", 0.0),
+              Verdict("spline", "smoothed", "final_test", 0.0), Verdict("spline", "symmetrised", "final_test", 0.0))))
+
 register(Experiment(
     "transfer", "Transfer matrix", task="", chapter="13_transfer", targets=("add", "mano", "copy", "parentheses", "needle", "modadd"),
     claim="Splines transfer best to the task they were learned on: the transfer matrix is strongly diagonal.",
     paper="The transfer matrix is strongly diagonal: splines learned on a task help that task most (spec §3.4, §6).",
     sizes=_sizes(cpu_setting({}, arms=(), seeds=(0, 1, 2))),
     verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=2 / 3),)))
+
+register(Experiment(
+    "lm_transfer", "Language-model transfer: corpora and tokenisations", task="", chapter="12a_language",
+    targets=("lm_shakespeare_bpe", "lm_code_bpe"), rows=("lm_shakespeare_char", "lm_shakespeare_bpe", "lm_code_bpe"),
+    claim="MLP splines transfer best to the corpus and tokenisation they were learned on: on each BPE corpus its own splines beat those "
+          "learned on the other corpus and those learned on characters.",
+    paper="The transfer matrix is strongly diagonal (spec §3.4, §6); the paper shows no language-model transfer.",
+    sizes=_sizes(cpu_setting({}, arms=(), seeds=(0, 1, 2))),
+    verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=1.0),)))
 
 # %% ../nbs/09_experiments.ipynb #ace9cff3
 import plotly.graph_objects as go
@@ -810,7 +929,7 @@ import plotly.graph_objects as go
 from .viz import seed_band_figure, matrix_heatmap
 from .two_phase import nonlinearities_figure
 
-# %% ../nbs/09_experiments.ipynb #b970cb5c
+# %% ../nbs/09_experiments.ipynb #01ce3b0a
 def _arm_order(result:dict)->list:
     e = EXPERIMENTS.get(result["summary"]["experiment"])
     have = [a["arm"] for a in result["summary"].get("arms", [])]
@@ -905,7 +1024,7 @@ def transfer_figure(result:dict, which:str="final_test", title:Optional[str]=Non
     "A transfer matrix: rows = where the splines were learned, columns = target task; 'final_test', 'median_steps' or 'speedup'."
     check_option(which, ("final_test", "median_steps", "speedup"), "which")
     m = pd.DataFrame(result["summary"][which]).T.astype(float)
-    m = m.loc[[r for r in ["standard"] + list(m.columns) if r in m.index]]
+    m = m.loc[[r for r in ["standard"] + list(m.columns) if r in m.index] + [r for r in m.index if r != "standard" and r not in m.columns]]
     names = {"final_test": "median final test accuracy", "median_steps": "median steps to threshold", "speedup": "speed-up over the standard row"}
     return matrix_heatmap(m, title=title or f"Transfer matrix: {names[which]}", x_title="target task", y_title="splines learned on",
                           fmt=".0f" if which == "median_steps" else ".2f")
