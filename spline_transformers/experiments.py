@@ -18,8 +18,8 @@ __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPER
            'register', 'get_experiment', 'cpu_setting', 'provenance', 'attention_tail', 'summarise',
            'summarise_transfer', 'reproduce', 'results_dir', 'load_result', 'stale_results', 'experiments_table',
            'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
-           'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'findings_table', 'zoo_dir', 'learned_zoo',
-           'load_learned', 'update_zoo']
+           'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
+           'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -929,7 +929,7 @@ import plotly.graph_objects as go
 from .viz import seed_band_figure, matrix_heatmap
 from .two_phase import nonlinearities_figure
 
-# %% ../nbs/09_experiments.ipynb #01ce3b0a
+# %% ../nbs/09_experiments.ipynb #3bb71a39
 def _arm_order(result:dict)->list:
     e = EXPERIMENTS.get(result["summary"]["experiment"])
     have = [a["arm"] for a in result["summary"].get("arms", [])]
@@ -937,8 +937,12 @@ def _arm_order(result:dict)->list:
     return [a for a in order if a in have] + [a for a in have if a not in order]
 
 def arms_frame(result:dict)->pd.DataFrame:
-    "Per arm (in the registry's order): seeds reaching the threshold, median and IQR of steps, median final test and OOD accuracy."
+    "Per arm (in the registry's order): seeds reaching the threshold, median and IQR of steps, median final test and OOD accuracy; for a language model, final validation accuracy and loss (median, IQR)."
     t = pd.DataFrame(result["summary"]["arms"]).set_index("arm").loc[_arm_order(result)]
+    if result["summary"].get("metric") == "token_acc":
+        return pd.DataFrame({"seeds": t.seeds, "val token accuracy (median)": t.median_test.map("{:.2%}".format),
+                             "IQR": [f"{a:.2%}–{b:.2%}" for a, b in zip(t.q25_test, t.q75_test)], "val loss (median)": t.median_loss.round(4),
+                             "loss IQR": [f"{a:.4f}–{b:.4f}" for a, b in zip(t.q25_loss, t.q75_loss)]}, index=t.index)
     f = lambda v: "never" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.0f}"
     out = pd.DataFrame({"reached": [f"{r}/{n}" for r, n in zip(t.reached, t.seeds)],
                         "median steps": [f(v) for v in t.median_steps],
@@ -1029,6 +1033,71 @@ def transfer_figure(result:dict, which:str="final_test", title:Optional[str]=Non
     return matrix_heatmap(m, title=title or f"Transfer matrix: {names[which]}", x_title="target task", y_title="splines learned on",
                           fmt=".0f" if which == "median_steps" else ".2f")
 
+def probe_density(
+    probe:dict, # one arm's probe (`result["probes"][arm]`)
+    kind:str="mlp", # "mlp": MLP pre-activations; "attn": attention scores
+)->pd.DataFrame:
+    "The histogram a probe recorded, summed over layers: bin centre, fraction of all inputs in the bin; `attrs['inside']` is the fraction inside the spline range."
+    check_option(kind, ("mlp", "attn"), "kind")
+    hs = probe[kind]
+    if not hs: raise ValueError(f"this probe recorded no {kind!r} inputs")
+    e = np.asarray(probe["edges"]); n = sum(h["n"] for h in hs)
+    counts = np.sum([h["counts"] for h in hs], axis=0)
+    out = pd.DataFrame({"x": (e[:-1] + e[1:]) / 2, "fraction": counts / n})
+    r = probe["spline_range"]
+    out.attrs["inside"] = float(out.fraction[(out.x > -r) & (out.x < r)].sum())
+    return out
+
+_SPLINE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+def spline_gallery_figure(
+    panels:dict, # panel title -> (Nonlinearities, the probe of a model that used them, or None)
+    kind:str="mlp", # "mlp" (beside GeLU) or "attn" (beside exp(x − R))
+    title:Optional[str]=None, # figure title
+)->go.Figure:
+    "Learned splines side by side, each beside the function it started from, with the histogram of its inputs behind it (right axis)."
+    from plotly.subplots import make_subplots
+    from spline_transformers.splines import reference_function
+    check_option(kind, ("mlp", "attn"), "kind")
+    names = list(panels)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, specs=[[{"secondary_y": True}] * len(names)])
+    for j, name in enumerate(names, start=1):
+        nl, probe = panels[name]
+        splines = getattr(nl, kind)
+        if not len(splines): raise ValueError(f"{name!r}: these nonlinearities hold no {kind} spline")
+        a, b = splines[0].x_min, splines[0].x_max
+        x = torch.linspace(a - 0.1 * (b - a), b + 0.1 * (b - a), 601, dtype=torch.float64)
+        if probe is not None:
+            d = probe_density(probe, kind)
+            fig.add_bar(x=d.x, y=d.fraction, marker_color="lightgray", name="inputs", showlegend=j == 1, legendgroup="inputs",
+                        hovertemplate="%{y:.2%} of inputs near %{x:.1f}", row=1, col=j, secondary_y=False)
+            fig.add_annotation(text=f"{d.attrs['inside']:.1%} of inputs in [{a:g}, {b:g}]", xref=f"x{j if j > 1 else ''} domain",
+                               yref=f"y{2 * j - 1 if j > 1 else ''} domain", x=0.02, y=0.98, showarrow=False, font=dict(size=10))
+        ref_name, ref = reference_function("gelu" if kind == "mlp" else "exp", b)
+        fig.add_scatter(x=x, y=ref(x), name=ref_name, line=dict(dash="dash", color="gray"), showlegend=j == 1, legendgroup="ref",
+                        row=1, col=j, secondary_y=True)
+        for i, sp in enumerate(splines):
+            with torch.no_grad(): y = sp(x.float()).double()
+            fig.add_scatter(x=x, y=y, name=f"spline {i}" if len(splines) > 1 else "spline", showlegend=j == 1, legendgroup=f"s{i}",
+                            line=dict(color=_SPLINE_COLORS[i % len(_SPLINE_COLORS)]), row=1, col=j, secondary_y=True)
+        fig.update_xaxes(range=[a - 0.25 * (b - a), b + 0.25 * (b - a)], row=1, col=j)
+    fig.update_yaxes(title_text="share of inputs", secondary_y=False, showgrid=False, tickformat=".1%", side="right")   # the histogram behind
+    fig.update_yaxes(secondary_y=True, side="left")                                                                      # the functions in front
+    fig.update_layout(title=title or f"Learned {'MLP activations' if kind == 'mlp' else 'attention kernels'} and the inputs they see",
+                      height=380, barmode="overlay", bargap=0)
+    return fig
+
+def samples_frame(
+    result:dict, # a language-model result (from `load_result`) with probes
+    arms:Optional[Sequence[str]]=None, # arms to show (default: every arm with a probe, in the registry's order)
+)->pd.DataFrame:
+    "The text each arm's first-seed model wrote after the same prompt (temperature and seed in the columns)."
+    probes = result.get("probes")
+    if not probes: raise ValueError(f"{result['summary']['experiment']}: this result has no probes (only corpus experiments record them)")
+    arms = [a for a in (arms or _arm_order(result)) if a in probes]
+    return pd.DataFrame([{"arm": a, "seed": probes[a]["seed"], "temperature": probes[a]["temperature"], "prompt": probes[a]["prompt"],
+                          "sample": probes[a]["sample"]} for a in arms]).set_index("arm")
+
 def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
     "One row per registered experiment: the claim, the paper's number, ours (the headline estimate and interval), the verdict, the chapter."
     rows, root = [], results_dir() if root is None else root
@@ -1043,13 +1112,14 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
         rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #21a2ac18
+# %% ../nbs/09_experiments.ipynb #a6c5182a
 ZOO = {  # zoo name -> (experiment, Phase I run)
     "add": ("add", "mlp_r0"), "add-mlp-attn": ("add", "mlpattn_r0"), "add-m1": ("add", "m1_r0"),
     "mano": ("mano", "mlp_r0"), "copy-alibi": ("copy", "alibi_mlp"), "copy-alibi-mlp-attn": ("copy", "alibi_mlpattn"),
     "parentheses": ("parentheses", "mlp_r0"), "needle": ("needle", "mlp_r0"), "modadd": ("modadd", "mlp_r0"),
     "attn-exp": ("attn_kernel", "exp"), "attn-const": ("attn_kernel", "const"), "shakespeare-char": ("lm_shakespeare_char", "mlp_r0"),
     "shakespeare-char-glu": ("lm_shakespeare_char", "glu_r0"),
+    "shakespeare-bpe": ("lm_shakespeare_bpe", "mlp_r0"), "code-bpe": ("lm_code_bpe", "mlp_r0"),
 }
 
 def zoo_dir()->Path:

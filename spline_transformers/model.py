@@ -614,7 +614,7 @@ def generate(self:Transformer,
     self.train(was_training)
     return idx[0] if squeeze else idx
 
-# %% ../nbs/03_model.ipynb #329f97a5
+# %% ../nbs/03_model.ipynb #7d4e55e1
 def smooth_values(
     values:torch.Tensor, # (K,) knot values
     sigma:float=2.0, # width of the Gaussian, in knot spacings
@@ -632,7 +632,7 @@ def symmetrise_values(
 )->torch.Tensor:
     "The even part of the spline plus the least-squares line through its odd part (the form of GeLU and ReLU)."
     x, v = knots.detach().double(), values.detach().double()
-    if not torch.allclose(x, -x.flip(0), atol=1e-9 * float(x.abs().max())):
+    if not torch.allclose(x, -x.flip(0), atol=1e-5 * float(x.abs().max()), rtol=0):
         raise ValueError(f"symmetrise needs knots symmetric about 0, got a range [{float(x[0]):g}, {float(x[-1]):g}]; use a spline with x_min = -x_max")
     even, odd = (v + v.flip(0)) / 2, (v - v.flip(0)) / 2
     slope = (odd * x).sum() / (x * x).sum()

@@ -65,6 +65,33 @@ def test_shared_cells_are_trained_once():
     assert tcells and all(c.key in keys for c in tcells)
 
 
+def test_an_arm_form_enters_the_hash_only_when_set():
+    "Arms without a form hash as before the field existed; a form arm trains new cells, its plain-spline sibling shares the source's."
+    assert "form" not in Arm("a", "phase1:x").to_dict() and Arm("a", "phase1:x", form="symmetrise").to_dict()["form"] == "symmetrise"
+    deploy = {c.label.split("/")[1] + c.label[-1]: c for c in cells(EXPERIMENTS["lm_deploy"], "cpu") if c.spec["kind"] == "train"}
+    char = {c.label.split("/")[1] + c.label[-1]: c for c in cells(EXPERIMENTS["lm_shakespeare_char"], "cpu") if c.spec["kind"] == "train"}
+    assert deploy["spline0"].key == char["spline0"].key and deploy["gelu0"].key == char["gelu0"].key
+    assert deploy["polynomial0"].spec["nonlinearities"] == {**char["spline0"].spec["nonlinearities"], "form": "polynomial:24"}
+    assert len({deploy[f"{a}0"].key for a in ("spline", "polynomial", "smoothed", "symmetrised")}) == 4
+
+
+def test_a_form_needs_phase1_splines():
+    add = EXPERIMENTS["add"]
+    bad = replace(add, name="formless", sizes={**add.sizes, "cpu": replace(add.sizes["cpu"], arms=add.sizes["cpu"].arms + (Arm("poly", form="polynomial:24"),))})
+    with pytest.raises(ValueError, match="no Phase I splines"): cells(bad, "cpu")
+
+
+def test_a_transfer_matrix_can_take_rows_from_outside_its_columns():
+    "The language-model matrix: character-level splines as a row, BPE corpora as the columns; its standard row and diagonal are shared cells."
+    t = EXPERIMENTS["lm_transfer"]
+    labels = [c.label for c in cells(t, "cpu") if c.spec["kind"] == "train"]
+    assert any("lm_shakespeare_char->lm_code_bpe" in l for l in labels) and not any(l.split("/")[1].endswith("->lm_shakespeare_char") for l in labels)
+    assert len(labels) == len(t.targets) * (1 + len(t.rows)) * len(t.setting("cpu").seeds)
+    own = {c.key for n in t.targets for c in cells(EXPERIMENTS[n], "cpu")}
+    shared = [c for c in cells(t, "cpu") if c.spec["kind"] == "train" and c.key in own]
+    assert len(shared) == len(t.targets) * 2 * len(t.setting("cpu").seeds)   # standard row and diagonal
+
+
 # ---------------------------------------------------------------- statistics
 def test_paired_bootstrap_is_reproducible_and_paired():
     ref, arm = [400, 500, 450, 700, 600], [200, 260, 240, 330, 300]
@@ -162,6 +189,12 @@ def test_every_experiment_runs_at_smoke_size(tmp_path):
     copy = pd.read_csv(out / "copy" / "by_size.csv")
     assert {"length", "seq_acc", "split", "arm", "seed"} <= set(copy.columns)
     assert (out / "add" / "splines" / "mlp_r0.safetensors").is_file()
+    for n, e in EXPERIMENTS.items():   # every language model's arms are probed: histograms per layer and a text sample
+        if e.task != "corpus": continue
+        probes = json.loads((out / n / "probes.json").read_text())
+        assert set(probes) == {a.name for a in e.setting("smoke").arms}, n
+        for p in probes.values():
+            assert len(p["mlp"]) == len(p["attn"]) == e.setting("smoke").arch.n_layers and p["sample"] and p["seed"] == e.setting("smoke").seeds[0]
     # a second run finds everything done and trains nothing
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "spline_transformers.cli", "reproduce", "modadd", "--size", "smoke", "--out", str(out)],

@@ -498,3 +498,42 @@ def test_one_switch_and_one_vocabulary_for_spline_and_attention_backends(monkeyp
             set_attention_backend("fast")
     finally:
         set_attention_backend("auto")
+
+
+# ---------------------------------------------------------------- other forms of a learned spline
+from hypothesis import given, strategies as st
+from spline_transformers.model import smooth_values, symmetrise_values
+
+
+@given(seed=st.integers(0, 10_000), noise=st.floats(0.0, 0.3), degree=st.sampled_from([8, 16, 24, 32]))
+def test_a_polynomial_activation_stays_within_its_fit_error_of_the_spline(seed, noise, degree):
+    "Inside a model the polynomial form differs from the spline by at most the fit's own max error, everywhere (constant outside the range)."
+    nl = Nonlinearities(2, "per_layer", mlp=dict(n_knots=41, x_min=-6.0, x_max=6.0, init="gelu", extrapolate="constant"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for s in nl.mlp: s.values.add_(noise * torch.randn(41, generator=g))
+    poly = nl.to_polynomial(degree)
+    x = torch.linspace(-9, 9, 3001)
+    for layer in range(2):
+        with torch.no_grad(): gap = (poly.mlp_phi(layer)(x) - nl.mlp_phi(layer)(x)).abs().max().item()
+        assert gap <= poly.mlp_polynomials[layer].max_error * 1.05 + 1e-5, (layer, gap)
+    assert poly.frozen and poly.polynomial_degree == degree and nl.polynomial_degree is None
+
+
+def test_polynomial_and_cleaned_forms_refuse_what_they_cannot_do():
+    lin = Nonlinearities(1, mlp=dict(n_knots=9, x_min=-3.0, x_max=3.0, init="gelu", extrapolate="linear"))
+    with pytest.raises(ValueError, match="extrapolate"): lin.to_polynomial(8)
+    with pytest.raises(ValueError, match="no MLP spline"): Nonlinearities(1, attn=dict(n_knots=9, init="exp")).to_polynomial(8)
+    with pytest.raises(ValueError, match="unknown cleaning"): lin.cleaned("smooth")
+    with pytest.raises(ValueError, match="unknown form"): lin.in_form("polynomial:x")
+
+
+def test_cleanings_keep_what_they_should():
+    "Smoothing keeps a straight line; symmetrising keeps any even function plus a line, and removes an odd cubic's curvature."
+    x = torch.linspace(-6, 6, 41)
+    line = 0.5 * x + 1
+    torch.testing.assert_close(smooth_values(line, 2.0)[10:31], line[10:31], atol=1e-5, rtol=0)   # the interior (ends are renormalised)
+    even_plus_line = x ** 2 / 10 + 0.3 * x
+    torch.testing.assert_close(symmetrise_values(even_plus_line, x), even_plus_line, atol=1e-5, rtol=0)
+    cubic = symmetrise_values(x ** 3 / 50, x)
+    torch.testing.assert_close(cubic.diff().diff(), torch.zeros(39), atol=1e-5, rtol=0)
