@@ -235,7 +235,7 @@ def transfer_matrix_cells(exp:Experiment, size:str)->list:
                 out.append(Cell(_hash(spec), spec, () if row == "standard" else (srcs[row][1].key,), f"{exp.name}/{row}->{t}/seed{seed}"))
     return out
 
-# %% ../nbs/09_experiments.ipynb #4790d063
+# %% ../nbs/09_experiments.ipynb #688203ef
 def load_data(
     task:str, # a task name, or "corpus" (then `params` holds the corpus `name` and `load_corpus`'s arguments)
     params:dict, # the task's parameters, or the corpus's
@@ -273,7 +273,6 @@ def corpus_probe(
 )->dict:
     "What a trained language model does inside and out: histograms of its MLP pre-activations and attention scores per layer, and a text sample."
     from spline_transformers import ensemble as ens_mod
-    from spline_transformers.attention import _scores
     from spline_transformers.model import GATED
     seen = {"mlp": [], "attn": []}
     act, attend = ens_mod.mlp_activation, ens_mod.attend
@@ -281,7 +280,8 @@ def corpus_probe(
         seen["mlp"].append((h[..., : h.shape[-1] // 2] if mlp_act in GATED else h).float().flatten().cpu())
         return act(h, mlp_act, phi)
     def recording_attend(q, k, v, *a, **kw):
-        sc = _scores(q, k, kw.get("bias")); T = sc.shape[-1]
+        sc = torch.matmul(q.float() * (1.0 / math.sqrt(q.shape[-1])), k.float().transpose(-2, -1)); T = sc.shape[-1]   # the scores q·k/√d
+        if kw.get("bias") is not None: sc = sc + kw["bias"].float()
         seen["attn"].append(sc[..., torch.ones(T, T, dtype=torch.bool, device=sc.device).tril()].float().flatten().cpu())
         return attend(q, k, v, *a, **kw)
     was_training = model.training; model.eval()
