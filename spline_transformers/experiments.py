@@ -36,7 +36,7 @@ from .train import TrainConfig, metrics_frame, steps_to_threshold
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, check_disjoint_seeds,
                                            PHASE1_SEED_START, as_nonlinearities)
 
-# %% ../nbs/09_experiments.ipynb #39b4432e
+# %% ../nbs/09_experiments.ipynb #ce740053
 @dataclass(frozen=True)
 class Experiment:
     "A claim of the paper, the paper's number, the rule that decides it, and the experiment at three sizes."
@@ -59,6 +59,11 @@ class Experiment:
         "The experiments whose learned splines are the rows of this transfer matrix."
         return self.rows or self.targets
 
+    @property
+    def draws_on(self)->tuple:
+        "What this experiment's results depend on: 'EXP/RUN' Phase I runs it borrows, and the experiments of its transfer matrix."
+        return self.sources + self.targets + self.rows
+
     def setting(self, size:str):
         "The `Setting` of `size`."
         check_option(size, SIZES, "size")
@@ -66,7 +71,7 @@ class Experiment:
 
     def config_hash(self, size:str)->str:
         "The hash of `size`'s setting, with the claim, rule and the settings of the experiments it draws splines from."
-        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.sources + self.targets + self.rows}
+        deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.draws_on}
         return _hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
 
 # %% ../nbs/09_experiments.ipynb #8200748b
@@ -411,7 +416,7 @@ def decide(
     return {"arm": v.arm, "reference": v.reference, "statistic": v.statistic, "estimate": est, "low": lo, "high": hi,
             "seeds": len(both), "verdict": verdict, "rule": v.rule}
 
-# %% ../nbs/09_experiments.ipynb #65c7c055
+# %% ../nbs/09_experiments.ipynb #2cf4123f
 EXPERIMENTS:dict = {}  # name -> Experiment, in the order of the book
 
 def register(exp:Experiment)->Experiment:
@@ -419,10 +424,9 @@ def register(exp:Experiment)->Experiment:
     if exp.name in EXPERIMENTS: raise ValueError(f"an experiment named {exp.name!r} is already registered")
     missing = set(SIZES) - set(exp.sizes)
     if missing: raise ValueError(f"{exp.name}: every experiment needs the sizes {SIZES}; missing {sorted(missing)}")
-    if exp.targets:
-        for t in exp.targets + exp.rows: get_experiment(t)
-    elif exp.task == "corpus": check_option(dict(exp.setting("cpu").task_params).get("name"), CORPORA, "corpus")
-    else: check_option(exp.task, TASKS, "task")
+    for d in exp.draws_on: get_experiment(d.split("/")[0])   # what it draws on is registered before it
+    if exp.task == "corpus": check_option(dict(exp.setting("cpu").task_params).get("name"), CORPORA, "corpus")
+    elif not exp.targets: check_option(exp.task, TASKS, "task")
     for size in SIZES:
         if exp.targets: continue
         s = exp.sizes[size]
@@ -622,7 +626,7 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
 
-# %% ../nbs/09_experiments.ipynb #a9975165
+# %% ../nbs/09_experiments.ipynb #37398998
 def _pending(names:Sequence[str], size:str, root:Path)->tuple:
     "All cells of `names` (shared ones once) and the experiment labels of each."
     todo, owners = {}, {}
@@ -650,7 +654,7 @@ def reproduce(
     check_option(size, SIZES, "size")
     if not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     if size == "gpu" and device == "cpu": raise ValueError("the gpu size is the paper's; run it with device='cuda' (--device cuda) on a GPU machine")
-    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).sources + get_experiment(n).targets + get_experiment(n).rows)) + names   # sources first
+    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).draws_on)) + names   # sources first
     names = list(dict.fromkeys(names))
     out = Path(out); root = out / ".cells"; root.mkdir(parents=True, exist_ok=True)
     say = log or (lambda s: None)
@@ -750,7 +754,7 @@ def experiments_table(
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 
-# %% ../nbs/09_experiments.ipynb #77a90dd7
+# %% ../nbs/09_experiments.ipynb #855f27bd
 _SPEED = "2–3× fewer steps to converge than the standard transformer, with a tighter spread across seeds (spec §6)"
 
 def _learned_arms(runs:str="phase1:mlp_r0", control:bool=True, arch:tuple=())->tuple:
@@ -842,6 +846,18 @@ register(Experiment(
 
 _LM_ARCH = dict(d_model=128, max_len=128)
 _LM_TRAIN = dict(steps=800, batch_size=16, eval_every=100, eval_examples=128)
+
+def _lm_sizes(
+    corpus:dict, # the cpu size's corpus: its `name` and `load_corpus` arguments
+    arms:Sequence[Arm], # the Phase II arms
+    phase1_runs:Sequence[Phase1Run]=(), # the Phase I runs
+    gpu_corpus:str="tinystories", # the hub corpus the gpu size names (BPE 8192, context 512)
+)->dict:
+    "The three sizes of a language-model experiment: cpu is 2 layers, width 128, context 128, 800 steps (Phase I 400); gpu is the spec's TinyStories scale."
+    return _sizes(cpu_setting(corpus, arms=arms, phase1_runs=phase1_runs, arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400},
+                              threshold=1.0, metric="token_acc"),
+                  gpu_task_params=dict(name=gpu_corpus, tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
+                  gpu_train=dict(steps=20000, batch_size=64))
 register(Experiment(
     "lm_shakespeare_char", "Language model: which nonlinearity? (Shakespeare, characters)", task="corpus", chapter="12a_language",
     claim="In a character-level language model of Shakespeare, the learned MLP spline raises validation token accuracy over GeLU; "
@@ -850,15 +866,12 @@ register(Experiment(
     paper="TinyStories (2 layers, width 256), validation token accuracy: GeLU 63.7%, learned MLP spline 64.4%, GLU 64.0%; "
           "the attention spline gives no gain; M = 1 vs M = 4: 63.8% vs 64.3% (spec §6).", paper_value=0.007,
     transfer_arm="spline",
-    sizes=_sizes(cpu_setting(
+    sizes=_lm_sizes(
         dict(name="shakespeare", tokenizer="char", block_size=128),
         arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0"), Arm("spline_attn", "phase1:mlpattn_r0"), Arm("swiglu", arch=(("mlp_act", "swiglu"),)),
               Arm("glu_spline", "phase1:glu_r0"), Arm("m1", "phase1:m1_r0"), Arm("control", "init")),
         phase1_runs=(Phase1Run("mlp_r0"), Phase1Run("mlpattn_r0", attn=True, seeds=(110, 111, 112, 113)),
-                     Phase1Run("glu_r0", seeds=(120, 121, 122, 123), arch=(("mlp_act", "swiglu"),)), Phase1Run("m1_r0", seeds=(130,))),
-        arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
-        gpu_task_params=dict(name="tinystories", tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
-        gpu_train=dict(steps=20000, batch_size=64)),
+                     Phase1Run("glu_r0", seeds=(120, 121, 122, 123), arch=(("mlp_act", "swiglu"),)), Phase1Run("m1_r0", seeds=(130,)))),
     verdicts=(Verdict("spline", "gelu", "final_test", 0.0), Verdict("spline_attn", "gelu", "final_test", 0.0), Verdict("glu_spline", "swiglu", "final_test", 0.0),
               Verdict("swiglu", "gelu", "final_test", 0.0), Verdict("spline", "m1", "final_test", 0.0),
               Verdict("spline", "control", "final_test", 0.0))))
@@ -874,12 +887,8 @@ def _lm_corpus(
     return Experiment(
         name, title, task="corpus", chapter="12a_language", claim=claim, transfer_arm="spline",
         paper="TinyStories (2 layers, width 256), validation token accuracy: GeLU 63.7%, learned MLP spline 64.4% (spec §6).", paper_value=0.007,
-        sizes=_sizes(cpu_setting(
-            dict(name=corpus, tokenizer="bpe", vocab_size=1024, block_size=128),
-            arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0")), phase1_runs=(Phase1Run("mlp_r0"),),
-            arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
-            gpu_task_params=dict(name=gpu_corpus, tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
-            gpu_train=dict(steps=20000, batch_size=64)),
+        sizes=_lm_sizes(dict(name=corpus, tokenizer="bpe", vocab_size=1024, block_size=128),
+                        arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0")), phase1_runs=(Phase1Run("mlp_r0"),), gpu_corpus=gpu_corpus),
         verdicts=(Verdict("spline", "gelu", "final_test", 0.0),))
 
 register(_lm_corpus("lm_shakespeare_bpe", "Language model: the MLP spline (Shakespeare, BPE 1024)", "shakespeare", "tinystories",
@@ -896,13 +905,10 @@ register(Experiment(
           "replaces it inside the model, at a small cost against the spline; hand-cleaned versions (smoothed, symmetrised) do worse than the raw spline.",
     paper="FineWeb, 12 layers, validation loss: spline 3.68, polynomial approximation 3.69, GeLU 3.72; appendix D: cleaned "
           "(symmetrised or periodic) splines hurt (spec §1.5, §6).", paper_value=0.03,
-    sizes=_sizes(cpu_setting(
+    sizes=_lm_sizes(
         dict(name="shakespeare", tokenizer="char", block_size=128),
         arms=(Arm("gelu"), Arm("spline", _CHAR_MLP), Arm("polynomial", _CHAR_MLP, form="polynomial:24"),
-              Arm("smoothed", _CHAR_MLP, form="smooth:2"), Arm("symmetrised", _CHAR_MLP, form="symmetrise")),
-        arch=_LM_ARCH, train=_LM_TRAIN, phase1_train={**_LM_TRAIN, "steps": 400}, threshold=1.0, metric="token_acc"),
-        gpu_task_params=dict(name="tinystories", tokenizer="bpe", vocab_size=8192, block_size=512), gpu_arch=dict(d_model=256, max_len=512),
-        gpu_train=dict(steps=20000, batch_size=64)),
+              Arm("smoothed", _CHAR_MLP, form="smooth:2"), Arm("symmetrised", _CHAR_MLP, form="symmetrise"))),
     verdicts=(Verdict("polynomial", "gelu", "final_test", 0.0), Verdict("spline", "polynomial", "final_test", 0.0),
               Verdict("spline", "smoothed", "final_test", 0.0), Verdict("spline", "symmetrised", "final_test", 0.0))))
 

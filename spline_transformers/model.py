@@ -640,7 +640,7 @@ def symmetrise_values(
 
 FORMS = ("spline", "polynomial:D", "smooth:SIGMA", "symmetrise")  # forms `in_form` knows (D an int degree, SIGMA a float)
 
-# %% ../nbs/03_model.ipynb #38227c65
+# %% ../nbs/03_model.ipynb #15bcf081
 @patch
 @torch.no_grad()
 def to_polynomial(self:Nonlinearities,
@@ -653,9 +653,7 @@ def to_polynomial(self:Nonlinearities,
     ext = self.settings["mlp"].get("extrapolate", "constant")
     if ext != "constant": raise ValueError(f"a Chebyshev series is held constant outside its range, but these MLP splines extrapolate {ext!r}; "
                                            "only splines with extrapolate='constant' have an exact polynomial stand-in")
-    new = Nonlinearities(self.n_layers, self.sharing, _settings_for_build(self.settings["mlp"]), _settings_for_build(self.settings["attn"]))
-    for kind in ("mlp", "attn"):
-        for a, b in zip(getattr(new, kind), getattr(self, kind)): a.values.copy_(b.values)
+    new = self.for_depth(self.n_layers)   # a copy of the splines (a polynomial form's copy is re-fitted below)
     new.polynomial_degree = degree
     new.mlp_polynomials = nn.ModuleList([fit(s, degree) for s in new.mlp])
     return new.to(self.mlp[0].values.device).freeze()
