@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/cli.html.md"""
 
 # %% ../nbs/22_cli.ipynb #34d2a46c
 from __future__ import annotations
-import argparse, dataclasses, inspect, json, math, os, shlex, sys, tempfile, time
+import argparse, dataclasses, inspect, json, math, os, shlex, signal, sys, tempfile, threading, time
 from dataclasses import replace
 from fastcore.docments import docments
 from importlib.resources import files as _package_files
@@ -18,16 +18,17 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'CLI_DEFAULTS', 'FUNCTION_DEFAULTS', 'build_parser', 'main', 'UsageError', 'error_message', 'check_name',
            'check_device', 'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints',
            'seed_list', 'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names',
-           'check_run_args', 'load_data', 'is_corpus', 'arch_from_args', 'train_from_args', 'phase1_from_args',
-           'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo', 'cmd_phase1', 'cmd_phase2', 'cmd_transfer',
-           'example_files', 'cmd_interpolate', 'cmd_prepare', 'cmd_reproduce']
+           'check_run_args', 'hold_out_dir', 'release_out_dirs', 'load_data', 'is_corpus', 'arch_from_args',
+           'train_from_args', 'phase1_from_args', 'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo',
+           'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare',
+           'cmd_reproduce']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
 import torch
 
 # %% ../nbs/22_cli.ipynb #afc0f5c1
-from .core import check_option, check_int, check_number, resolve_device, atomic_write, FolderInUse
+from .core import check_option, check_int, check_number, resolve_device, atomic_write, FolderInUse, FolderLock
 from .attention import ATTN_FNS, POSITIONS
 from .splines import spline_backend
 from .model import TransformerConfig, Nonlinearities, MLP_ACTS, SHARINGS
@@ -121,16 +122,18 @@ def build_parser()->argparse.ArgumentParser:
                        description="Runs registered experiments (chapter 9): each is split into cells (a Phase I run, one Phase II arm and "
                                    "seed, one transfer cell) that run --jobs at a time in one-thread processes. Writes per experiment "
                                    "summary.json (claim, paper's number, per-seed table, verdict by the rule fixed before the run), "
-                                   "metrics.csv, the learned splines and provenance.json. A killed run continues with --resume. "
+                                   "metrics.csv, the learned splines and provenance.json. A killed run continues with --resume; a result of another "
+                                   "size or configuration is never replaced without --overwrite. "
                                    "`reproduce --list` shows the experiments.",
-                       epilog="examples:\n  spline-transformers reproduce --list\n  spline-transformers reproduce add --size smoke\n"
+                       epilog="examples:\n  spline-transformers reproduce --list\n  spline-transformers reproduce add --size smoke   # into runs/smoke/\n"
                               "  spline-transformers reproduce all --size cpu --jobs 2 --out results --resume")
     r.add_argument("names", nargs="*", metavar="NAME", help="experiments to run, or 'all' (see --list)")
     r.add_argument("--list", action="store_true", help="list the experiments (name, task, cells, claim) and exit")
     r.add_argument("--size", choices=list(SIZES), default="cpu", help="smoke: seconds (not evidence); cpu: the committed results; gpu: the paper's sizes")
     r.add_argument("--jobs", type=int_arg(1), default=1, help="cells run at once, each a one-thread process (2 on 2 cores)")
-    r.add_argument("--out", default="results", help="results folder (cells are kept under OUT/.cells)")
-    r.add_argument("--resume", action="store_true", help="continue the cells a killed run left unfinished")
+    r.add_argument("--out", default=None, help="results folder, cells kept under OUT/.cells (default: results for --size cpu, runs/SIZE otherwise)")
+    r.add_argument("--resume", action="store_true", help="continue the cells a killed run left unfinished, and re-run cells found damaged")
+    r.add_argument("--overwrite", action="store_true", help="replace results in --out of another size or configuration (without it they are refused)")
     r.add_argument("--device", default="cpu", help="where the cells train: cpu, or cuda for the gpu size")
     r.add_argument("--quiet", action="store_true", help="no progress lines, only the verdicts")
     r.set_defaults(func=cmd_reproduce)
@@ -171,7 +174,9 @@ def main(
     if dist: sub += f" (rank {os.environ.get('RANK', '?')})"   # every rank reports its own error
     def say(line):   # one write per line: ranks share stderr, and print's separate newline could interleave with theirs
         sys.stderr.write(line + "\n"); sys.stderr.flush()
-    try: code = a.func(a)
+    try:
+        try: code = a.func(a)
+        finally: release_out_dirs()
     except TrainingDiverged as e: say(f"{sub}: training diverged: {e}"); code = 1
     except KeyboardInterrupt: say(f"{sub}: interrupted"); code = 130
     except RankFailure as e: say(f"{sub}: error: {error_message(e)}"); code = 2   # another rank died: relaunch with --resume
@@ -437,6 +442,20 @@ def check_run_args(a):
     if getattr(a, "corpus", None) is not None: check_out_dir(getattr(a, "data_root", None), "--data-root")
     if getattr(a, "resume", False) and a.checkpoint_dir is None:
         raise UsageError("--resume continues from the checkpoints in --checkpoint-dir; give --checkpoint-dir DIR")
+    hold_out_dir(a.out)
+
+def hold_out_dir(
+    path, # the folder a command writes its results into
+    flag:str="--out", # the option that named it, for the message
+):
+    "Lock `path` (`core.FolderLock`) until `main` returns, so that two runs never write one results folder; in a distributed job rank 0 holds it."
+    if path is None or (is_distributed() and os.environ.get("RANK", "0") != "0"): return
+    _held.append(FolderLock(Path(path).expanduser(), f"{flag} folder").acquire())
+
+_held = []  # the folders this command holds
+def release_out_dirs():
+    "Release every folder `hold_out_dir` took."
+    while _held: _held.pop().release()
 
 def load_data(a)->object:
     "The task or corpus the options name (exactly one of --task / --corpus)."
@@ -507,7 +526,7 @@ def kernel_line(
 def cmd_demo(a)->int:
     "Run the demo, print the table, write the results and the report."
     device = check_device(a.device)
-    out = check_out_dir(a.out, "--out")
+    out = check_out_dir(a.out, "--out"); hold_out_dir(out)
     dev = resolve_device(device)
     config = quick_demo_config(str(dev)) if a.quick else demo_config(str(dev))
     if a.seeds is not None: config = replace(config, seeds=tuple(seed_list(a.seeds, config.seeds)))
@@ -683,18 +702,27 @@ def cmd_prepare(a)->int:
     return 0
 
 # %% ../nbs/22_cli.ipynb #5ec25a19
+def _interrupt(signum, frame): raise KeyboardInterrupt
+
 def cmd_reproduce(a)->int:
     "List the registered experiments, or run some of them at a size and print each verdict."
+    out = a.out if a.out is not None else "results" if a.size == "cpu" else f"runs/{a.size}"   # only cpu-size results belong in results/
     if a.list:
-        t = experiments_table(a.size, a.out)
+        t = experiments_table(a.size, out)
         for r in t.itertuples():
             cost = f", measured {r.measured_cell_s / 60:.0f} min of cell time" if isinstance(r.measured_cell_s, (int, float)) and r.measured_cell_s == r.measured_cell_s else ""
             print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {r.claim}")
         return 0
     if not a.names: raise UsageError("name the experiments to run (or 'all'); `spline-transformers reproduce --list` shows them")
     names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS), "experiment") for n in a.names]
-    res = reproduce(names if names != ["all"] else "all", a.size, a.jobs, a.out, a.resume, a.device,
-                    log=None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True)), command=_command_line())
+    check_device(a.device)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None   # `timeout` and `kill` end the run like Ctrl-C: cells ended, one line
+    try:
+        res = reproduce(names if names != ["all"] else "all", a.size, a.jobs, out, a.resume, a.device,
+                        log=None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True)), command=_command_line(), overwrite=a.overwrite)
+    finally:
+        if main_thread: signal.signal(signal.SIGTERM, before)
     for n, s in res.items():
         v = s["verdicts"][0]
         print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}]; paper: {s['paper']})")

@@ -6,18 +6,20 @@ Docs: https://spline-transformers.github.io/spline_transformers/experiments.html
 
 # %% ../nbs/09_experiments.ipynb #f3a57cf3
 from __future__ import annotations
-import datetime, hashlib, json, math, os, platform, shutil, subprocess, sys, time
+import datetime, hashlib, json, math, os, platform, shutil, signal, subprocess, sys, tempfile, threading, time, warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'ZOO', 'Experiment', 'Phase1Run', 'Arm',
-           'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'load_data',
-           'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide',
-           'register', 'get_experiment', 'cpu_setting', 'provenance', 'attention_tail', 'summarise',
-           'summarise_transfer', 'reproduce', 'results_dir', 'load_result', 'stale_results', 'experiments_table',
-           'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'ZOO', 'Experiment',
+           'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells',
+           'load_data', 'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table',
+           'decide', 'register', 'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance',
+           'attention_tail', 'staged_folder', 'summarise', 'summarise_transfer', 'result_state', 'reproduce',
+           'results_dir', 'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
+           'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
            'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
            'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
 
@@ -27,7 +29,8 @@ import pandas as pd
 import torch
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
-from .core import atomic_write, check_option, cpu_model, git_output, remove_stale_temps, model_device
+from .core import (atomic_write, check_option, cpu_model, git_output, remove_stale_temps, model_device, resolve_device,
+                                      sha256_hex, fsync_dir, FolderLock, FolderInUse, TEMP_MARK)
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
@@ -309,6 +312,11 @@ def run_cell(
 )->dict:
     "Run `cell` (resuming from its checkpoint if one is there) and write `done.json`; returns what `done.json` holds."
     root = Path(root); folder = root / cell.key; folder.mkdir(parents=True, exist_ok=True)
+    with FolderLock(folder, f"experiment cell {cell.label}"):   # one process trains a cell; the runner checks this lock before it starts one
+        return _run_cell(cell, folder, device)
+
+def _run_cell(cell:Cell, folder:Path, device:str)->dict:
+    root = folder.parent
     remove_stale_temps(folder)
     s, t0 = cell.spec, time.perf_counter()
     task = load_data(s["task"], s["task_params"])
@@ -337,7 +345,8 @@ def run_cell(
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
     shutil.rmtree(folder / "ckpt", ignore_errors=True)
     done = {"key": cell.key, "label": cell.label, "wall_s": time.perf_counter() - t0, "resumed": resume,
-            "threads": torch.get_num_threads(), "device": device}
+            "threads": torch.get_num_threads(), "device": device,
+            "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()}}   # what `cell_problem` checks
     atomic_write(folder / "done.json", json.dumps(done))
     return done
 
@@ -485,17 +494,86 @@ def cpu_setting(
                    tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, metric, tuple(eval_by))
 
 # %% ../nbs/09_experiments.ipynb #32a51ff2
-_CELL_WORKER = ("import json, sys, torch; torch.set_num_threads(1); from spline_transformers.experiments import Cell, run_cell; "
-                "d = json.loads(sys.argv[1]); run_cell(Cell(d['key'], d['spec'], tuple(d['deps']), d['label']), sys.argv[2], sys.argv[3])")
+CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json")  # what a done cell holds (checksummed in done.json)
+
+def _die_with_parent(parent:int):
+    "End this process when `parent` ends (killed too): Linux's parent-death signal, and a watchdog thread everywhere."
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass   # not Linux: the watchdog below still notices
+    if os.getppid() != parent: os._exit(1)   # the parent died before the signal was set
+    def watch():
+        while os.getppid() == parent: time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+def cell_main(argv:Sequence[str]):
+    "The entry point of a cell's process (`_cell_process`): one thread, bound to its runner's life, then `run_cell`."
+    spec, root, device, parent = argv
+    _die_with_parent(int(parent))
+    torch.set_num_threads(1)
+    d = json.loads(spec)
+    run_cell(Cell(d["key"], d["spec"], tuple(d["deps"]), d["label"]), root, device)
+
+_CELL_WORKER = "import sys; from spline_transformers.experiments import cell_main; cell_main(sys.argv[1:])"
 
 def _is_done(root:Path, key:str)->bool: return (root / key / "done.json").is_file()
 
+def _read_json(path:Path, what:str="file"):
+    "The JSON in `path`, or a one-line `ValueError` that names the file."
+    try: return json.loads(Path(path).read_text())
+    except UnicodeDecodeError: raise ValueError(f"{path}: this {what} is not UTF-8 text (damaged?)") from None
+    except json.JSONDecodeError as e: raise ValueError(f"{path}: this {what} is not valid JSON ({e.msg} at line {e.lineno}); it is damaged or truncated") from None
+
+def _read_csv(path:Path)->pd.DataFrame:
+    "The table in `path`, or a one-line `ValueError` that names the file."
+    try: return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read as a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged or empty") from None
+
+def _eval_steps(train:dict)->list:
+    "The steps at which a run with this train config evaluates: 0, every `eval_every`, and the last."
+    steps, every = int(train["steps"]), int(train["eval_every"])
+    return sorted(set(range(0, steps + 1, every)) | {steps})
+
+def cell_problem(
+    cell:Cell, # the cell
+    root:Union[str,Path], # the `.cells` folder
+)->Optional[str]:
+    "None if `cell` is done and intact; else what is wrong ('not done', or which file is damaged and how)."
+    folder = Path(root) / cell.key
+    if not (folder / "done.json").is_file(): return "not done"
+    try:
+        done = _read_json(folder / "done.json", "done.json")
+        if not isinstance(done, dict) or done.get("key") != cell.key: return f"{folder / 'done.json'} does not belong to this cell"
+        for f, digest in (done.get("sha256") or {}).items():   # cells written before checksums existed have none: the content checks below still apply
+            if f not in CELL_FILES or not (folder / f).is_file(): return f"{folder / f}: missing"
+            if sha256_hex((folder / f).read_bytes()) != digest: return f"{folder / f}: does not match the checksum written with it (edited or damaged)"
+        m = _read_csv(folder / "metrics.csv")
+        if not {"step", "split", "metric", "value"} <= set(m.columns): return f"{folder / 'metrics.csv'}: not a metrics table (columns {list(m.columns)})"
+        value = pd.to_numeric(m["value"], errors="coerce")
+        if len(m) == 0 or not np.isfinite(value.to_numpy(float)).all(): return f"{folder / 'metrics.csv'}: empty, or holds values that are not finite numbers"
+        want = _eval_steps(cell.spec["train"])
+        ev = m[m.split != "train"]
+        keys = [c for c in ("model", "seed", "split", "metric") if c in m.columns]
+        first = set(map(tuple, ev[ev.step == want[0]][keys].astype(str).to_numpy()))
+        for st in want:
+            have = set(map(tuple, ev[ev.step == st][keys].astype(str).to_numpy()))
+            if not first or have != first: return f"{folder / 'metrics.csv'}: the evaluation at step {st} is missing or incomplete (the run ends at step {want[-1]})"
+        if cell.spec["kind"] == "phase1":
+            _read_json(folder / "phase1" / "phase1.json", "phase1.json")
+            if not (folder / "phase1" / "nonlinearities.safetensors").is_file(): return f"{folder / 'phase1'}: no nonlinearities.safetensors"
+    except (ValueError, OSError) as e: return str(e)
+    return None
+
 def _cell_process(cell:Cell, root:Path, device:str, log:Path)->subprocess.Popen:
-    "Start `cell` in a fresh one-thread interpreter; its output goes to `log`."
+    "Start `cell` in a fresh one-thread interpreter that dies with this process; its output goes to `log`."
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPLINE_TRANSFORMERS_THREADS": "1"}
     arg = json.dumps({"key": cell.key, "spec": cell.spec, "deps": list(cell.deps), "label": cell.label})
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-c", _CELL_WORKER, arg, str(root), device], stdout=f, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen([sys.executable, "-c", _CELL_WORKER, arg, str(root), device, str(os.getpid())],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
 
 def provenance(
     exp:Experiment, # the experiment
@@ -539,6 +617,33 @@ def attention_tail(nl:Nonlinearities)->list:
         out.append({"x": x, "at_left": lo, "at_0": mid, "ratio": lo / mid if mid else math.nan})
     return out
 
+def _exchange(a:Path, b:Path)->bool:
+    "Swap two paths in one atomic step (Linux's renameat2 RENAME_EXCHANGE); False where the system cannot."
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0   # AT_FDCWD, RENAME_EXCHANGE
+    except (OSError, AttributeError): return False
+
+@contextmanager
+def staged_folder(
+    folder:Union[str,Path], # the folder to (re)write
+):
+    "Yield an empty temporary folder beside `folder`; when the block ends without error it takes `folder`'s place in one rename, so a reader sees the old folder or the new one, never part of either."
+    folder = Path(folder); folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(folder.parent)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))
+    try:
+        yield tmp
+        os.chmod(tmp, folder.stat().st_mode & 0o7777 if folder.is_dir() else folder.parent.stat().st_mode & 0o7777)   # mkdtemp makes 0700
+        if not folder.exists(): os.rename(tmp, folder)
+        elif not _exchange(tmp, folder):   # no atomic swap here: move the old folder aside first (absent for a moment, never half-written)
+            old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))
+            os.rename(folder, old / folder.name); os.rename(tmp, folder); tmp = old
+        fsync_dir(folder.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)   # the staged folder on error, else the old result
+
 def summarise(
     exp:Experiment, # the experiment
     size:str, # its size
@@ -549,17 +654,20 @@ def summarise(
     "Write `<out>/<name>/` (summary.json, metrics.csv, phase1_metrics.csv, by_size.csv, splines/, provenance.json) from the done cells."
     if exp.targets: return summarise_transfer(exp, size, out, jobs, command)
     out = Path(out); root, folder = out / ".cells", out / exp.name
-    s, cs = exp.setting(size), cells(exp, size)
+    cs = cells(exp, size)
     missing = [c.label for c in cs if not _is_done(root, c.key)]
     if missing: raise ValueError(f"{exp.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {exp.name} --size {size} --resume`")
-    folder.mkdir(parents=True, exist_ok=True); (folder / "splines").mkdir(exist_ok=True)
+    with staged_folder(folder) as tmp: return _write_summary(exp, size, root, tmp, cs, jobs, command)
+
+def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
+    s = exp.setting(size); (folder / "splines").mkdir()
     metrics, p1_metrics, by, phase1_info, probes = [], [], [], {}, {}
     for c in cs:
-        m = pd.read_csv(root / c.key / "metrics.csv")
+        m = _read_csv(root / c.key / "metrics.csv")
         if c.spec["kind"] == "phase1":
             run = c.label.rsplit("/", 1)[1]
             p1_metrics.append(m.assign(model=run))
-            info = json.loads((root / c.key / "phase1" / "phase1.json").read_text())
+            info = _read_json(root / c.key / "phase1" / "phase1.json", "phase1.json")
             nl = Nonlinearities.load(root / c.key / "phase1" / "nonlinearities.safetensors")
             for ext in ("safetensors", "json"):
                 shutil.copyfile(root / c.key / "phase1" / f"nonlinearities.{ext}", folder / "splines" / f"{run}.{ext}")
@@ -568,8 +676,8 @@ def summarise(
         else:
             arm, seed = _arm_of(c.label)
             metrics.append(m.assign(model=arm))
-            if (root / c.key / "by_size.csv").is_file(): by.append(pd.read_csv(root / c.key / "by_size.csv").assign(arm=arm, seed=seed))
-            if seed == s.seeds[0] and (root / c.key / "probe.json").is_file(): probes[arm] = {"seed": seed, **json.loads((root / c.key / "probe.json").read_text())}
+            if (root / c.key / "by_size.csv").is_file(): by.append(_read_csv(root / c.key / "by_size.csv").assign(arm=arm, seed=seed))
+            if seed == s.seeds[0] and (root / c.key / "probe.json").is_file(): probes[arm] = {"seed": seed, **_read_json(root / c.key / "probe.json", "probe")}
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
     seeds = per_seed(metrics, s.threshold, s.metric)
     verdicts = [decide(v, seeds) for v in exp.verdicts]
@@ -581,9 +689,9 @@ def summarise(
     if p1_metrics: atomic_write(folder / "phase1_metrics.csv", pd.concat(p1_metrics, ignore_index=True).round({"value": 5}).to_csv(index=False))
     if by: atomic_write(folder / "by_size.csv", pd.concat(by, ignore_index=True).round(5).to_csv(index=False))
     if probes: atomic_write(folder / "probes.json", json.dumps(_finite(probes)))
-    info = [json.loads((root / c.key / "done.json").read_text()) for c in cs]
+    info = [_read_json(root / c.key / "done.json", "done.json") for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
-    atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))   # last: a folder with summary.json is complete
+    atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
 
 # %% ../nbs/09_experiments.ipynb #9d4c005c
@@ -593,12 +701,14 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     cs = cells(exp, size)
     missing = [c.label for c in cs if not _is_done(root, c.key)]
     if missing: raise ValueError(f"{exp.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {exp.name} --size {size} --resume`")
-    folder.mkdir(parents=True, exist_ok=True)
+    with staged_folder(folder) as tmp: return _write_transfer_summary(exp, size, root, tmp, cs, jobs, command)
+
+def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
     metrics, tables = [], []
     for c in cs:
         if c.spec["kind"] != "train": continue
         (row, target), seed = _arm_of(c.label)[0].split("->"), _arm_of(c.label)[1]
-        metrics.append(pd.read_csv(root / c.key / "metrics.csv").assign(model=row, target=target))
+        metrics.append(_read_csv(root / c.key / "metrics.csv").assign(model=row, target=target))
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
     for t, g in metrics.groupby("target", sort=False):
         st = EXPERIMENTS[t].setting(size)
@@ -621,55 +731,99 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
                "final_test": mat(final), "median_steps": mat(steps), "speedup": mat(speed), "per_seed": seeds.to_dict("records"),
                "chapter": exp.chapter}
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
-    info = [json.loads((root / c.key / "done.json").read_text()) for c in cs]
+    info = [_read_json(root / c.key / "done.json", "done.json") for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
 
 # %% ../nbs/09_experiments.ipynb #37398998
-def _pending(names:Sequence[str], size:str, root:Path)->tuple:
-    "All cells of `names` (shared ones once) and the experiment labels of each."
-    todo, owners = {}, {}
-    for n in names:
-        for c in cells(EXPERIMENTS[n], size):
-            todo.setdefault(c.key, c); owners.setdefault(c.key, set()).add(n)
-    return todo, owners
+def _pending(names:Sequence[str], size:str)->dict:
+    "key -> cell for every cell of `names` and every cell they depend on (shared ones once), in the registry's order."
+    every = {c.key: c for n in EXPERIMENTS for c in cells(EXPERIMENTS[n], size)}
+    todo, stack = {}, [c for n in names for c in cells(EXPERIMENTS[n], size)]
+    while stack:
+        c = stack.pop(0)
+        if c.key in todo: continue
+        todo[c.key] = c; stack += [every[d] for d in c.deps if d not in todo]
+    return todo
 
 def _fmt_time(s:float)->str:
     s = int(round(s)); return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
+def result_state(
+    folder:Union[str,Path], # `<out>/<name>`
+    exp:Experiment, # the experiment it should hold
+    size:str, # the size about to run
+)->tuple:
+    "('absent' | 'current' | 'other', why): what `folder` holds against `exp` at `size`; 'other' is anything `reproduce` must not replace unasked."
+    folder = Path(folder)
+    if not folder.exists(): return "absent", ""
+    if not (folder / "summary.json").is_file(): return "other", f"{folder} exists but holds no result of this package (no summary.json)"
+    try: s = _read_json(folder / "summary.json", "summary")
+    except ValueError as e: return "other", str(e)
+    if not isinstance(s, dict): return "other", f"{folder / 'summary.json'} is not a result summary"
+    if s.get("experiment") != exp.name: return "other", f"{folder} holds a result of {s.get('experiment')!r}, not {exp.name!r}"
+    if s.get("size") != size: return "other", f"{folder} holds a {s.get('size')}-size result, not {size}"
+    want = exp.config_hash(size)
+    if s.get("config_hash") != want: return "other", f"{folder} holds a {size} result of config {s.get('config_hash')}, and the registry's is now {want} (stale)"
+    return "current", f"{folder} holds a current {size} result (config {want})"
+
+def _cpu_count()->int:
+    try: return len(os.sched_getaffinity(0))
+    except AttributeError: return os.cpu_count() or 1
+
 def reproduce(
     names:Union[str,Sequence[str]]="all", # experiment names, or "all"
     size:str="cpu", # "smoke" | "cpu" | "gpu"
-    jobs:int=1, # cells run at once, each in its own one-thread process
+    jobs:int=1, # cells run at once, each in its own one-thread process (at most the CPUs this process may use)
     out:Union[str,Path]="results", # results folder: <out>/<name>/ per experiment, cells under <out>/.cells/
-    resume:bool=False, # continue cells a killed run left unfinished (without it such cells are refused)
+    resume:bool=False, # continue cells a killed run left unfinished, and run again cells found damaged (without it both are refused)
     device:str="cpu", # where cells train ("cuda" for the gpu size on a GPU machine)
     log:Optional[Callable]=print, # log(str) for progress lines (None: silent)
     command:Optional[str]=None, # the command line recorded in the provenance
+    overwrite:bool=False, # replace results in `out` of another size or configuration, or not written by this package (without it they are refused)
 )->dict:
     "Run experiments at `size`, `jobs` cells at a time; writes each experiment's results as soon as its cells are done; returns name -> summary."
     names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
     for n in names: get_experiment(n)
     check_option(size, SIZES, "size")
-    if not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if jobs > _cpu_count():
+        raise ValueError(f"jobs={jobs}: this process may use {_cpu_count()} CPUs and each cell is a one-thread process; use jobs <= {_cpu_count()}")
     if size == "gpu" and device == "cpu": raise ValueError("the gpu size is the paper's; run it with device='cuda' (--device cuda) on a GPU machine")
+    try: resolve_device(device)
+    except RuntimeError as e: raise ValueError(str(e)) from None
     names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).draws_on)) + names   # sources first
     names = list(dict.fromkeys(names))
-    out = Path(out); root = out / ".cells"; root.mkdir(parents=True, exist_ok=True)
+    out = Path(out); root = out / ".cells"
     say = log or (lambda s: None)
-    todo, owners = _pending(names, size, root)
-    unfinished = [c.label for k, c in todo.items() if (root / k).is_dir() and not _is_done(root, k)]
-    if unfinished and not resume:
-        raise ValueError(f"{len(unfinished)} cells of an earlier run are unfinished (e.g. {unfinished[0]}); pass resume=True (--resume) to continue them")
-    from spline_transformers.core import FolderLock
-    results, t0 = {}, time.perf_counter()
-    with FolderLock(root, "experiment cells folder"):
-        left = {k: c for k, c in todo.items() if not _is_done(root, k)}
+    states = {n: result_state(out / n, EXPERIMENTS[n], size) for n in names}
+    refused = [why for n, (st, why) in states.items() if st == "other"]
+    if refused and not overwrite:
+        raise ValueError(f"{refused[0]}{f' (and {len(refused) - 1} more)' if len(refused) > 1 else ''}; this run would replace it: "
+                         f"pass overwrite=True (--overwrite) to replace it, or choose another out folder (--out)")
+    kept = {n: _read_json(out / n / "summary.json", "summary") for n, (st, _) in states.items() if st == "current" and not overwrite}
+    run_names = [n for n in names if n not in kept]
+    root.mkdir(parents=True, exist_ok=True)
+    results, t0 = dict(kept), time.perf_counter()
+    with FolderLock(root, "experiment cells folder"):   # before looking at the cells: a live run's cells are not "unfinished"
+        todo = _pending(run_names, size)
+        problems = {k: cell_problem(c, root) for k, c in todo.items() if (root / k).is_dir()}
+        unfinished = [todo[k].label for k, p in problems.items() if p == "not done"]
+        damaged = {k: p for k, p in problems.items() if p not in (None, "not done")}
+        if (unfinished or damaged) and not resume:
+            what = (f"{len(unfinished)} cells of an earlier run are unfinished (e.g. {unfinished[0]})" if unfinished else
+                    f"{len(damaged)} done cells are damaged (e.g. {next(iter(damaged.values()))})")
+            raise ValueError(f"{what}; pass resume=True (--resume) to continue or re-run them")
+        for k, p in damaged.items():
+            say(f"{todo[k].label}: {p}; running it again")
+            shutil.rmtree(root / k)
+        for n in kept: say(f"{n}: {states[n][1]}; kept (overwrite=True / --overwrite runs it again)")
+        left = {k: c for k, c in todo.items() if problems.get(k, "absent") is not None}
         total, running, n_done = len(left), {}, 0
-        say(f"{', '.join(names)} ({size}): {len(todo)} cells, {len(todo) - total} already done, {total} to run with {jobs} process(es)")
+        say(f"{', '.join(run_names) or 'nothing'} ({size}): {len(todo)} cells, {len(todo) - total} already done, {total} to run with {jobs} process(es)")
         def finish_ready():
-            for n in names:
+            for n in run_names:
                 if n not in results and all(_is_done(root, c.key) for c in cells(EXPERIMENTS[n], size)):
                     results[n] = summarise(EXPERIMENTS[n], size, out, jobs, command)
                     v = results[n]["verdicts"][0]
@@ -681,15 +835,20 @@ def reproduce(
                 while ready and len(running) < jobs:
                     k = ready.pop(0); c = left.pop(k)
                     (root / k).mkdir(parents=True, exist_ok=True)
+                    try: FolderLock(root / k, f"experiment cell {c.label}").acquire().release()
+                    except FolderInUse as e:
+                        raise FolderInUse(f"cell {c.label} is still being trained by a process an earlier, killed run left ({e}); "
+                                          "wait for it or end it, then run again with --resume") from None
                     running[k] = (c, _cell_process(c, root, device, root / k / "log.txt"), time.perf_counter())
                 time.sleep(0.2)
                 for k, (c, p, ts) in list(running.items()):
                     code = p.poll()
                     if code is None: continue
                     del running[k]
-                    if code != 0 or not _is_done(root, k):
+                    problem = cell_problem(c, root) if code == 0 else None
+                    if code != 0 or problem is not None:
                         tail = (root / k / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
-                        raise RuntimeError(f"cell {c.label} failed (exit {code}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
+                        raise RuntimeError(f"cell {c.label} failed (exit {code}{'; ' + problem if problem else ''}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
                     n_done += 1
                     el = time.perf_counter() - t0
                     eta = el / n_done * (total - n_done)
@@ -720,12 +879,26 @@ def load_result(
     folder = root / name
     if not (folder / "summary.json").is_file():
         raise FileNotFoundError(f"no result for {name!r} under {Path(root).resolve()}; run `spline-transformers reproduce {name} --size cpu --out {root}`")
-    r = {"summary": json.loads((folder / "summary.json").read_text()), "provenance": json.loads((folder / "provenance.json").read_text()),
+    r = {"summary": _read_json(folder / "summary.json", "summary"), "provenance": _read_json(folder / "provenance.json", "provenance"),
          "folder": folder}
     for t in ("metrics", "phase1_metrics", "by_size"):
-        if (folder / f"{t}.csv").is_file(): r[t] = pd.read_csv(folder / f"{t}.csv")
-    if (folder / "probes.json").is_file(): r["probes"] = json.loads((folder / "probes.json").read_text())
+        if (folder / f"{t}.csv").is_file(): r[t] = _read_csv(folder / f"{t}.csv")
+    if (folder / "probes.json").is_file(): r["probes"] = _read_json(folder / "probes.json", "probes")
+    r["stale"] = _staleness(r["summary"], root)
+    if r["stale"]: warnings.warn(r["stale"], StaleResult, stacklevel=2)
     return r
+
+class StaleResult(UserWarning):
+    "A result whose configuration is no longer the registry's: its numbers answer another question."
+
+def _staleness(s:dict, root:Union[str,Path])->Optional[str]:
+    "Why the result summarised by `s` is stale (None if it is current)."
+    name, size = s.get("experiment"), s.get("size")
+    if name not in EXPERIMENTS: return f"{name!r} is no longer a registered experiment; its result under {root} is stale"
+    want = EXPERIMENTS[name].config_hash(size)
+    if s.get("config_hash") == want: return None
+    return (f"{name} ({size}): the result ran with config {s.get('config_hash')}, the registry's is {want} (stale); regenerate it with "
+            f"`spline-transformers reproduce {name} --size {size} --jobs 2 --out {root} --overwrite`")
 
 def stale_results(
     root:Union[str,Path]="results", # the results folder
@@ -733,12 +906,9 @@ def stale_results(
     "One message per committed result whose config hash is not the registry's (empty when all are current)."
     out = []
     for f in sorted(Path(root).glob("*/summary.json")):
-        s = json.loads(f.read_text()); name, size = s.get("experiment"), s.get("size")
-        if name not in EXPERIMENTS: out.append(f"{f.parent}: no experiment named {name!r} is registered; delete the folder"); continue
-        want = EXPERIMENTS[name].config_hash(size)
-        if s.get("config_hash") != want:
-            out.append(f"{name} ({size}): the result ran with config {s.get('config_hash')}, the registry's is {want}; "
-                       f"regenerate it with `spline-transformers reproduce {name} --size {size} --jobs 2 --out {root}`")
+        s = _read_json(f, "summary")
+        if s.get("experiment") not in EXPERIMENTS: out.append(f"{f.parent}: no experiment named {s.get('experiment')!r} is registered; delete the folder")
+        elif _staleness(s, root): out.append(_staleness(s, root))
     return out
 
 def experiments_table(
@@ -749,7 +919,7 @@ def experiments_table(
     rows = []
     for n, e in EXPERIMENTS.items():
         p = Path(root) / n / "provenance.json" if root is not None else None
-        prov = json.loads(p.read_text()) if p is not None and p.is_file() else {}
+        prov = _read_json(p, "provenance") if p is not None and p.is_file() else {}
         rows.append({"name": n, "task": e.task, "claim": e.claim, "cells": len(cells(e, size)),
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
@@ -1111,10 +1281,11 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
         f = Path(root) / n / "summary.json"
         if not f.is_file():
             rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": "not run yet", "verdict": "", "chapter": e.chapter}); continue
-        v = json.loads(f.read_text())["verdicts"][0]
+        s = _read_json(f, "summary"); v = s["verdicts"][0]
         fmt = lambda x: "∞" if x is None else f"{x:.3g}"
         ours = (f"{v['statistic']} {fmt(v['estimate'])} [{fmt(v['low'])}, {fmt(v['high'])}]" if v["statistic"] != "diagonal"
                 else f"diagonal best in {v['estimate']:.0%} of targets")
+        if _staleness(s, root): ours += " (stale: the experiment's configuration changed after this run)"
         rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
     return pd.DataFrame(rows)
 
