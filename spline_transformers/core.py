@@ -6,16 +6,17 @@ Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #fa73cd59
 from __future__ import annotations
-import hashlib, json, math, numbers, os, platform, shutil, socket, sys, tempfile, time, warnings
+import hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, tempfile, threading, time, warnings
 from dataclasses import fields
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import Iterable, NamedTuple, Optional, Union
 
 # %% auto #0
 __all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FLAGS', 'tune_malloc', 'check_option', 'check_int',
            'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
-           'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'git_output', 'cpu_model',
-           'FolderInUse', 'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name', 'build_cpp_extension']
+           'temp_folder', 'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'git_output',
+           'cpu_model', 'FolderInUse', 'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name',
+           'build_cpp_extension']
 
 # %% ../nbs/00_core.ipynb #3decd95d
 PROCESS_ENV = "SPLINE_TRANSFORMERS_PROCESS"   # "default": leave OpenMP's wait policy and glibc's heap alone
@@ -162,7 +163,9 @@ def resolve_device(
     return dev
 
 # %% ../nbs/00_core.ipynb #c2b02c8e
-TEMP_MARK = ".tmp-"   # temporary files are named .<target>.tmp-<pid>-<random>
+TEMP_MARK = ".tmp-"   # temporaries are named .<target>.tmp-<pid>-<random>
+_TEMP_CHARS, _TEMP_LEN = "abcdefghijklmnopqrstuvwxyz0123456789_", 8   # tempfile's alphabet and length: older leftovers match too
+_TEMP_NAME = re.compile(rf"\.(?P<target>.+){re.escape(TEMP_MARK)}(?P<pid>[0-9]+)-[{_TEMP_CHARS}]{{{_TEMP_LEN}}}")
 
 def fsync_dir(folder:Union[str,Path]):
     "Flush a folder's entries to disk (a no-op where the filesystem cannot)."
@@ -172,14 +175,30 @@ def fsync_dir(folder:Union[str,Path]):
         finally: os.close(fd)
     except OSError: pass   # some filesystems (and Windows) cannot fsync a directory
 
+def _new_temp(folder:Path, target:str, make):
+    "`make(path)` on a fresh `.<target>.tmp-<pid>-<random>` in `folder` (it must fail with FileExistsError if taken); its result and the path."
+    for _ in range(100):
+        p = folder / f".{target}{TEMP_MARK}{os.getpid()}-{''.join(secrets.choice(_TEMP_CHARS) for _ in range(_TEMP_LEN))}"
+        try: return make(p), p
+        except FileExistsError: continue
+    raise FileExistsError(f"no unused temporary name for {target!r} in {folder}")
+
+def temp_folder(
+    folder:Union[str,Path], # where to make it: beside its target
+    target:str, # the name it will be renamed to
+)->Path:
+    "A new empty folder `.<target>.tmp-<pid>-<random>` in `folder`, with the permissions the umask gives (`mkdtemp` gives 0700)."
+    return _new_temp(Path(folder), target, lambda p: os.mkdir(p, 0o777))[1]
+
 def atomic_write(
     path:Union[str,Path], # the file to write
     data:Union[bytes,str], # its whole content (str is written as UTF-8)
 )->Path:
-    "Write `data` to `path` atomically: a uniquely named temporary file in the same folder, fsync, `os.replace`."
+    "Write `data` to `path` atomically: a uniquely named temporary file in the same folder, fsync, `os.replace`; the umask's permissions."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str): data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{TEMP_MARK}{os.getpid()}-")
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_BINARY", 0)
+    fd, tmp = _new_temp(path.parent, path.name, lambda p: os.open(p, flags, 0o666))   # 0o666 less the umask, as open() gives
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data); f.flush(); os.fsync(f.fileno())
@@ -193,23 +212,29 @@ def _pid_alive(pid:int)->bool:
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: return True
+    except (OverflowError, ValueError): return True   # not a process id: keep what it names
     return True
 
 def remove_stale_temps(
-    folder:Union[str,Path], # where `atomic_write` wrote
+    folder:Union[str,Path], # where `atomic_write` or `temp_folder` wrote
+    names:Optional[Iterable[str]]=None, # only these targets' temporaries, folders included (None: every temporary file; for folders the package owns)
 )->list:
-    "Delete the temporary files and folders that killed writers left in `folder` (their process is gone); returns their paths."
-    gone = []
-    folder = Path(folder)
+    "Delete the temporaries that killed writers left in `folder`: only the package's own names, their process gone; returns their paths."
+    folder, gone = Path(folder), []
+    names = None if names is None else {names} if isinstance(names, str) else set(names)
     if not folder.is_dir(): return gone
-    for p in folder.glob(f".*{TEMP_MARK}*"):
-        pid = p.name.rsplit(TEMP_MARK, 1)[1].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            try:
-                if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
-                else: p.unlink()
-                gone.append(p)
-            except OSError: pass
+    for p in sorted(folder.iterdir()):
+        m = _TEMP_NAME.fullmatch(p.name)
+        if m is None or (names is not None and m["target"] not in names): continue
+        pid = int(m["pid"])
+        if pid == os.getpid() or _pid_alive(pid): continue
+        try:
+            if p.is_symlink(): continue   # the package never makes links
+            if p.is_file(): p.unlink()
+            elif p.is_dir() and names is not None: shutil.rmtree(p)   # a folder only where its target was named
+            else: continue
+            gone.append(p)
+        except OSError: pass
     return gone
 
 def sha256_hex(data:bytes)->str:
@@ -247,8 +272,28 @@ def cpu_model()->str:
     return platform.processor() or platform.machine()
 
 # %% ../nbs/00_core.ipynb #d4b5f463
+try: import fcntl
+except ImportError: fcntl = None   # Windows: msvcrt's byte-range lock instead
+
 class FolderInUse(RuntimeError):
     "Another live process holds the folder's lock."
+
+_HELD, _HELD_GUARD = {}, threading.Lock()   # (pid, lock file's real path) -> [fd, count]: the locks this process holds
+
+def _try_lock(fd:int)->bool:
+    "Take an exclusive lock on the open file `fd` without waiting; False if another open file holds it."
+    if fcntl is not None:
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return True
+        except BlockingIOError: return False
+    import msvcrt
+    os.lseek(fd, 1 << 30, os.SEEK_SET)   # a byte far past the owner's JSON, which others must still read
+    try: msvcrt.locking(fd, msvcrt.LK_NBLCK, 1); return True
+    except OSError: return False
+
+def _unlock(fd:int):
+    if fcntl is not None: fcntl.flock(fd, fcntl.LOCK_UN)
+    else:
+        import msvcrt; os.lseek(fd, 1 << 30, os.SEEK_SET); msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 
 class FolderLock:
     "Exclusive use of a folder by one run, as a context manager: `with FolderLock(dir): ...`."
@@ -259,38 +304,54 @@ class FolderLock:
                 ):
         self.folder, self.what, self.path, self.held = Path(folder), what, Path(folder) / self.name, False
 
+    def _key(self)->tuple: return os.getpid(), os.path.realpath(self.path)   # per process: a forked child holds nothing
+
     def _owner(self)->Optional[dict]:
-        try: return json.loads(self.path.read_text())
-        except (OSError, ValueError): return None
+        "Who holds the lock, as the holder wrote it (None if it has not yet, or the file is unreadable)."
+        for _ in range(20):   # a first holder writes right after taking the lock: give it a moment
+            try: owner = json.loads(self.path.read_text())
+            except (OSError, ValueError): owner = None
+            if isinstance(owner, dict) and "pid" in owner: return owner
+            time.sleep(0.005)
+        return None
 
     def acquire(self)->"FolderLock":
-        "Take the lock, or raise `FolderInUse` if a live process holds it."
+        "Take the lock, or raise `FolderInUse` if another process holds it."
+        if self.held: return self
         self.folder.mkdir(parents=True, exist_ok=True)
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                owner = self._owner()
-                if owner == me: self.held = True; return self   # re-entrant in one process
-                live = owner is None or owner.get("host") != me["host"] or _pid_alive(int(owner.get("pid", -1)))
-                if live and owner is not None:
-                    raise FolderInUse(f"{self.what} {self.folder} is in use by process {owner.get('pid')} on {owner.get('host')}; "
-                                      f"wait for it to finish or use another folder (delete {self.path} if that run is gone)") from None
-                try: self.path.unlink()   # stale: its process is gone (or the file is unreadable)
-                except FileNotFoundError: pass
-                continue
-            with os.fdopen(fd, "w") as f: json.dump(me, f)
-            self.held = True
-            return self
-        raise FolderInUse(f"could not take the lock {self.path}; another run keeps taking it")
+        key = self._key()
+        with _HELD_GUARD:
+            if key in _HELD: _HELD[key][1] += 1   # re-entrant in one process: counted
+            else:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)   # one file, never deleted: one lock
+                if not _try_lock(fd): os.close(fd); key = None
+                else:
+                    me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+                    try: os.lseek(fd, 0, os.SEEK_SET); os.write(fd, me); os.ftruncate(fd, len(me))   # never empty in between
+                    except OSError: _unlock(fd); os.close(fd); raise
+                    _HELD[key] = [fd, 1]
+        if key is None:
+            owner = self._owner()
+            who = f"process {owner.get('pid')} on {owner.get('host')}" if owner else "another process"
+            raise FolderInUse(f"{self.what} {self.folder} is in use by {who}; wait for it to finish or use another folder "
+                              f"(the lock goes with its process, even a killed one)")
+        self.held, self._held_key = True, key
+        return self
 
     def release(self):
-        "Give the lock back (only if this object holds it)."
-        if self.held and self._owner() == {"pid": os.getpid(), "host": socket.gethostname()}:
-            try: self.path.unlink()
-            except FileNotFoundError: pass
+        "Give the lock back (only if this object holds it; the folder is free once every holder in this process has)."
+        if not self.held: return
         self.held = False
+        if self._held_key[0] != os.getpid(): return   # taken in the parent of this forked process: the parent gives it back
+        with _HELD_GUARD:
+            entry = _HELD.get(self._held_key)
+            if entry is None: return
+            entry[1] -= 1
+            if entry[1] > 0: return
+            del _HELD[self._held_key]
+            fd = entry[0]
+            try: _unlock(fd)
+            finally: os.close(fd)
 
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release()

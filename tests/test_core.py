@@ -72,3 +72,132 @@ def test_the_main_install_brings_what_the_fast_kernels_need():
     from pathlib import Path
     meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert any(d.replace(" ", "").startswith("ninja") for d in meta["dependencies"]), meta["dependencies"]
+
+
+# ---- issue 29: locks, temporary names and permissions --------------------------------------------------------------
+
+import contextlib, json, multiprocessing, os, socket, stat
+from pathlib import Path
+
+from spline_transformers.core import FolderInUse, FolderLock, atomic_write, remove_stale_temps
+
+_FORK = multiprocessing.get_context("fork")   # forked children start at once (no torch import); they only touch files
+
+
+def _contend(folder:str, n:int, start, out):
+    "Try `n` times to take the lock; inside it, create a probe file exclusively: a second holder would find it there."
+    probe, got, overlaps, busy = os.path.join(folder, "probe"), 0, 0, 0
+    start.wait()
+    for _ in range(n):
+        lock = FolderLock(folder, "test folder")
+        try: lock.acquire()
+        except FolderInUse: busy += 1; continue
+        try:
+            got += 1
+            try: os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError: overlaps += 1; continue   # another process holds the lock too
+            os.unlink(probe)
+        finally: lock.release()
+    out.put((got, overlaps, busy))
+
+
+def test_folder_lock_never_has_two_holders(tmp_path):
+    "Three processes take and give back one folder's lock thousands of times: never two holders at once (a fresh, still empty lock file is not stale)."
+    n, k = 1500, 3
+    start, out = _FORK.Event(), _FORK.Queue()
+    procs = [_FORK.Process(target=_contend, args=(str(tmp_path), n, start, out)) for _ in range(k)]
+    for p in procs: p.start()
+    start.set()
+    res = [out.get(timeout=120) for _ in procs]
+    for p in procs: p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    got, overlaps, busy = (sum(r[i] for r in res) for i in range(3))
+    assert got + busy == n * k and got > 0, res
+    assert overlaps == 0, f"{overlaps} of {got} acquisitions had a second holder: {res}"
+
+
+def _hold(folder:str, ready, stop):
+    lock = FolderLock(folder, "checkpoint folder").acquire()
+    ready.set(); stop.wait(60)
+    lock.release()
+
+
+def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
+    "A second process is refused in one line naming the holder (no advice to delete the lock); once the holder is killed, the lock is free."
+    ready, stop = _FORK.Event(), _FORK.Event()
+    p = _FORK.Process(target=_hold, args=(str(tmp_path), ready, stop)); p.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(FolderInUse) as e: FolderLock(tmp_path, "checkpoint folder").acquire()
+        msg = str(e.value)
+        assert f"checkpoint folder {tmp_path} is in use by process {p.pid} on {socket.gethostname()}" in msg, msg
+        assert "\n" not in msg and "delete" not in msg.lower(), msg
+    finally:
+        p.kill(); p.join(30)   # killed: no release ran
+    with FolderLock(tmp_path, "checkpoint folder") as lock: assert lock.held   # the kernel let go of its lock
+
+
+def _try_once(folder:str, out):
+    try: FolderLock(folder).acquire(); out.put("got it")
+    except FolderInUse: out.put("in use")
+
+
+def _other_process_gets(folder) -> str:
+    out = _FORK.Queue()
+    p = _FORK.Process(target=_try_once, args=(str(folder), out)); p.start()
+    r = out.get(timeout=30); p.join(30)
+    return r
+
+
+def test_folder_lock_is_reentrant_and_counts(tmp_path):
+    "A second FolderLock on the same folder in the same process succeeds; giving it back leaves the first one held."
+    outer = FolderLock(tmp_path).acquire()
+    inner = FolderLock(tmp_path).acquire()
+    assert inner.held
+    inner.release()
+    assert not inner.held and outer.held
+    assert _other_process_gets(tmp_path) == "in use"
+    outer.release()
+    assert _other_process_gets(tmp_path) == "got it"
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"]); p.wait()
+    return p.pid
+
+
+def test_stale_temps_are_only_the_packages_own(tmp_path):
+    "Only `.<target>.tmp-<pid>-<8 random characters>` of dead writers go; with names=, only those targets'; user files and folders stay."
+    dead = _dead_pid()
+    ours_file = tmp_path / f".x.json.tmp-{dead}-ab_cd123"; ours_file.write_bytes(b"half")
+    ours_dir = tmp_path / f".corpus.tmp-{dead}-k3j4h5g6"; ours_dir.mkdir(); (ours_dir / "train.bin").write_bytes(b"half")
+    keep = [tmp_path / f".thesis.tex.tmp-{dead}-draft", tmp_path / f".notes.tmp-{dead}", tmp_path / f".a.tmp-{dead}-abc",
+            tmp_path / f".b.tmp-{dead}-ABCDEFGH", tmp_path / f"c.tmp-{dead}-abcdefgh", tmp_path / f".d.tmp-{dead}-abcdefghi"]
+    for p in keep: p.write_text("mine")
+    user_dir = tmp_path / f".results.tmp-{dead}-x"; user_dir.mkdir(); (user_dir / "table.csv").write_text("mine")
+    other_dir = tmp_path / f".other.tmp-{dead}-abcdefgh"; other_dir.mkdir(); (other_dir / "f").write_text("someone's")
+    # the folder above a prepared corpus: only that target's temporary folder goes
+    assert remove_stale_temps(tmp_path, names=["corpus"]) == [ours_dir]
+    assert ours_file.exists() and other_dir.exists()
+    # a folder the package owns: its temporary files go, folders only for named targets
+    assert remove_stale_temps(tmp_path) == [ours_file]
+    assert other_dir.exists() and user_dir.exists() and all(p.exists() for p in keep)
+
+
+@contextlib.contextmanager
+def umask(mask:int):
+    old = os.umask(mask)
+    try: yield
+    finally: os.umask(old)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_written_files_and_folders_follow_the_umask(tmp_path, mask):
+    "atomic_write and the package's temporary folders give 0o666 / 0o777 less the umask, like any other program (not 0600 / 0700)."
+    with umask(mask):
+        f = atomic_write(tmp_path / "sub" / "report.json", "{}")
+        d = core.temp_folder(tmp_path, "corpus")
+    assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask
+    assert stat.S_IMODE(f.parent.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE(d.stat().st_mode) == 0o777 & ~mask
+    assert d.name.startswith(f".corpus.tmp-{os.getpid()}-") and remove_stale_temps(tmp_path, names=["corpus"]) == []   # alive: kept

@@ -414,8 +414,32 @@ def test_overwrite_replaces_only_a_folder_the_package_prepared(tmp_path):
 
 def test_a_killed_preparations_temporary_folder_is_removed_by_the_next(tmp_path):
     "A `prepare` killed mid-write leaves `.<folder>.tmp-<pid>-…`; the next preparation beside it removes it (its process is gone)."
-    stale = tmp_path / ".prep.tmp-999999999-abc"
+    stale = tmp_path / ".prep.tmp-999999999-abcdefgh"
     stale.mkdir(); (stale / "train.bin").write_bytes(b"half a file")
     prepare("code", tmp_path / "prep", max_documents=4, progress=False)
     assert not stale.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_prepare_leaves_other_files_beside_out_alone(tmp_path):
+    "Beside `out`, `prepare` removes only its own target's leftover temporary folder: a user's `.x.tmp-…` files and folders stay."
+    import subprocess, sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"]); p.wait(); dead = p.pid
+    user = [tmp_path / f".thesis.tex.tmp-{dead}-draft", tmp_path / f".notes.tmp-{dead}", tmp_path / f".other.tmp-{dead}-abcdefgh"]
+    for f in user: f.write_text("mine")
+    user_dir = tmp_path / f".results.tmp-{dead}-x"; user_dir.mkdir(); (user_dir / "table.csv").write_text("mine")
+    stale = tmp_path / f".corpus.tmp-{dead}-abcdefgh"; stale.mkdir(); (stale / "train.bin").write_bytes(b"half a file")
+    prepare("code", tmp_path / "corpus", max_documents=4, progress=False)
+    assert all(f.read_text() == "mine" for f in user) and (user_dir / "table.csv").read_text() == "mine"
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_a_prepared_corpus_follows_the_umask(tmp_path, mask):
+    "The prepared folder is 0o777 and its files 0o666 less the umask (not mkdtemp's 0700): another user can read it when the umask says so."
+    import stat
+    old = os.umask(mask)
+    try: out = prepare("code", tmp_path / "corpus", max_documents=4, progress=False)
+    finally: os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    for f in out.iterdir(): assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask, f

@@ -227,17 +227,29 @@ def _dead_pid() -> int:
     return p.pid
 
 
+def _hold_lock(folder, ready, stop):
+    from spline_transformers.core import FolderLock
+    FolderLock(folder, "checkpoint folder").acquire(); ready.set(); stop.wait(60)
+
+
 def test_checkpoint_folder_is_locked_and_cleaned(task, tmp_path, capsys):
+    import multiprocessing
+    from spline_transformers.core import FolderLock
     d = tmp_path / "ck"; d.mkdir()
-    (d / ".lock").write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))   # a live process holds it
-    with pytest.raises(RuntimeError, match=r"checkpoint folder .* is in use by process"):
-        train(make_model(task), task, cfg_for(d, steps=4))
-    assert not list_checkpoints(d)
+    fork = multiprocessing.get_context("fork")   # the child only takes the lock and waits
+    ready, stop = fork.Event(), fork.Event()
+    holder = fork.Process(target=_hold_lock, args=(str(d), ready, stop)); holder.start()
+    try:
+        assert ready.wait(30)                                                            # a live process holds it
+        with pytest.raises(RuntimeError, match=rf"checkpoint folder .* is in use by process {holder.pid} on {socket.gethostname()}"):
+            train(make_model(task), task, cfg_for(d, steps=4))
+        assert not list_checkpoints(d)
+    finally: holder.kill(); holder.join(30)                                              # its run is killed: the lock goes with it
     dead = _dead_pid()
-    (d / ".lock").write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))   # its run is gone: taken over
-    stale = d / f".step-00000004.safetensors.tmp-{dead}-abc123"; stale.write_bytes(b"half a checkpoint")
+    stale = d / f".step-00000004.safetensors.tmp-{dead}-abc123xy"; stale.write_bytes(b"half a checkpoint")
     res = train(make_model(task), task, cfg_for(d, steps=4))
-    assert res.steps == 4 and not stale.exists() and not (d / ".lock").exists()
+    assert res.steps == 4 and not stale.exists()
+    with FolderLock(d) as lock: assert lock.held                                         # given back at the end
 
 
 def test_resume_says_when_there_is_nothing_to_resume(task, tmp_path, capsys):
