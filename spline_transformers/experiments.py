@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/experiments.html
 
 # %% ../nbs/09_experiments.ipynb #f3a57cf3
 from __future__ import annotations
-import datetime, hashlib, json, math, os, platform, shutil, signal, subprocess, sys, tempfile, threading, time, warnings
+import datetime, hashlib, json, math, os, platform, re, shutil, signal, subprocess, sys, threading, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
@@ -30,7 +30,7 @@ import torch
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
 from .core import (atomic_write, check_option, cpu_model, git_output, remove_stale_temps, model_device, resolve_device,
-                                      sha256_hex, fsync_dir, FolderLock, FolderInUse, TEMP_MARK)
+                                      sha256_hex, fsync_dir, temp_folder, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
@@ -631,14 +631,13 @@ def staged_folder(
 ):
     "Yield an empty temporary folder beside `folder`; when the block ends without error it takes `folder`'s place in one rename, so a reader sees the old folder or the new one, never part of either."
     folder = Path(folder); folder.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(folder.parent)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))
+    remove_stale_temps(folder.parent, names=[folder.name])   # what killed runs staged for this folder
+    tmp = temp_folder(folder.parent, folder.name)
     try:
         yield tmp
-        os.chmod(tmp, folder.stat().st_mode & 0o7777 if folder.is_dir() else folder.parent.stat().st_mode & 0o7777)   # mkdtemp makes 0700
         if not folder.exists(): os.rename(tmp, folder)
         elif not _exchange(tmp, folder):   # no atomic swap here: move the old folder aside first (absent for a moment, never half-written)
-            old = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}{TEMP_MARK}{os.getpid()}-"))
+            old = temp_folder(folder.parent, folder.name)
             os.rename(folder, old / folder.name); os.rename(tmp, folder); tmp = old
         fsync_dir(folder.parent)
     finally:
@@ -772,6 +771,14 @@ def _cpu_count()->int:
     try: return len(os.sched_getaffinity(0))
     except AttributeError: return os.cpu_count() or 1
 
+def _check_not_running(cell:Cell, root:Path):
+    "Refuse in one line if a live process (an orphan of a killed run) still trains `cell`: it holds the cell folder's lock."
+    try: FolderLock(root / cell.key, f"experiment cell {cell.label}").acquire().release()
+    except FolderInUse as e:
+        who = re.search(r"process \d+ on \S+", str(e))
+        raise FolderInUse(f"cell {cell.label} is still being trained by {who[0] if who else 'another process'}, left by an earlier run; "
+                          "wait for it or end it, then run again with --resume") from None
+
 def reproduce(
     names:Union[str,Sequence[str]]="all", # experiment names, or "all"
     size:str="cpu", # "smoke" | "cpu" | "gpu"
@@ -809,12 +816,14 @@ def reproduce(
     with FolderLock(root, "experiment cells folder"):   # before looking at the cells: a live run's cells are not "unfinished"
         todo = _pending(run_names, size)
         problems = {k: cell_problem(c, root) for k, c in todo.items() if (root / k).is_dir()}
-        unfinished = [todo[k].label for k, p in problems.items() if p == "not done"]
+        unfinished_keys = [k for k, p in problems.items() if p == "not done"]
+        unfinished = [todo[k].label for k in unfinished_keys]
         damaged = {k: p for k, p in problems.items() if p not in (None, "not done")}
         if (unfinished or damaged) and not resume:
             what = (f"{len(unfinished)} cells of an earlier run are unfinished (e.g. {unfinished[0]})" if unfinished else
                     f"{len(damaged)} done cells are damaged (e.g. {next(iter(damaged.values()))})")
             raise ValueError(f"{what}; pass resume=True (--resume) to continue or re-run them")
+        for k in unfinished_keys: _check_not_running(todo[k], root)
         for k, p in damaged.items():
             say(f"{todo[k].label}: {p}; running it again")
             shutil.rmtree(root / k)
@@ -835,10 +844,7 @@ def reproduce(
                 while ready and len(running) < jobs:
                     k = ready.pop(0); c = left.pop(k)
                     (root / k).mkdir(parents=True, exist_ok=True)
-                    try: FolderLock(root / k, f"experiment cell {c.label}").acquire().release()
-                    except FolderInUse as e:
-                        raise FolderInUse(f"cell {c.label} is still being trained by a process an earlier, killed run left ({e}); "
-                                          "wait for it or end it, then run again with --resume") from None
+                    _check_not_running(c, root)
                     running[k] = (c, _cell_process(c, root, device, root / k / "log.txt"), time.perf_counter())
                 time.sleep(0.2)
                 for k, (c, p, ts) in list(running.items()):
