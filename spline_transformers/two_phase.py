@@ -30,9 +30,10 @@ from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
-from .train import (TrainConfig, TrainResult, TrainState, train, resume_and_run,
+from spline_transformers.train import (TrainConfig, TrainResult, TrainState, train, resume_and_run,
     data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
-    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy)
+    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy,
+    probe_loss_fn)
 from .viz import seed_band_figure, matrix_heatmap
 
 # %% ../nbs/08_two_phase.ipynb #c228e12e
@@ -208,7 +209,8 @@ def phase1(
 
     t0 = time.perf_counter()
     with thread_policy(ens, device):   # small models: one thread
-        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
+        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I",
+                               probe_fn=probe_loss_fn(ens, data, wsplit, cfg, device))
     wall = time.perf_counter() - t0
     final = _spline_copy(nl)
     best_nl, best_step = _best_splines(nl, state.extra, state.step)
