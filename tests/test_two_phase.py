@@ -318,3 +318,27 @@ def test_phase1_resumes_a_divergence_with_lower_lr_and_spline_lr(task, tmp_path)
     now = dict(res.ensemble.state_dict())
     assert names and max(float((now[k] - saved["module"][k]).abs().max()) for k in names) < 1.0
 
+
+def test_demo_arm_processes_exchange_no_pickle(task, tmp_path):
+    "Issue 29: the demo's arm processes get their orders and send their results back as JSON, safetensors and CSV, never pickle; the results equal an in-process run."
+    import re
+    from pathlib import Path
+    import spline_transformers.two_phase as tp
+    src = Path(tp.__file__).read_text()
+    assert not re.search(r"\bimport pickle\b|\bpickle\.", src), "two_phase.py uses pickle"
+    c = tp.quick_demo_config("cpu")
+    c = replace(c, train=replace(c.train, steps=4, eval_every=2, eval_examples=16, batch_size=8), seeds=(0,))
+    p1 = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    c = replace(c, arch=arch_for(task, ARCH))
+    arms = [tp._ArmProcess(tmp_path, a) for a in ("learned", "standard")]
+    try:
+        arms[0].start(c, replace(p1, ensemble=None)); arms[1].start(c, None)
+        got = [a.result() for a in arms]
+    finally:
+        for a in arms: a.stop()
+    names = {p.suffix for p in tmp_path.rglob("*") if p.is_file()}
+    assert names <= {".json", ".csv", ".safetensors"}, names
+    for arm, r, source in zip(("learned", "standard"), got, (p1, None)):
+        ref = tp._demo_arm(arm, c, source)
+        pd.testing.assert_frame_equal(ref.metrics, r.metrics, check_exact=True)
+        assert (r.steps, r.steps_run, r.config) == (ref.steps, ref.steps_run, ref.config) and r.wall_time > 0
