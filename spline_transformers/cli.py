@@ -403,7 +403,8 @@ def _add_train_options(p:argparse.ArgumentParser):
     g = p.add_argument_group("training (TrainConfig)")
     add_config_options(g, TrainConfig, TRAIN_OPTIONS)
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoints in --checkpoint-dir (a run with other "
-                                                          "settings is refused; with no checkpoint there, the run starts fresh and says so)")
+                                                          "settings is refused, except a lower --lr (or phase1's --spline-lr) after a divergence; "
+                                                          "with no checkpoint there, the run starts fresh and says so)")
     g.add_argument("--threshold", type=float_arg(0, 1, lo_open=True), default=FUNCTION_DEFAULTS["threshold"],
                    help="accuracy threshold of steps-to-threshold, in (0, 1]")
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'ZOO', 'Experiment',
-           'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells',
-           'load_data', 'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table',
-           'decide', 'register', 'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance',
-           'attention_tail', 'staged_folder', 'summarise', 'summarise_transfer', 'result_state', 'reproduce',
-           'results_dir', 'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'ZOO', 'ZOO_KEYS',
+           'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source',
+           'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap',
+           'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem',
+           'provenance', 'attention_tail', 'staged_folder', 'summarise', 'summarise_transfer', 'result_state',
+           'reproduce', 'results_dir', 'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
            'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
            'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
            'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
@@ -1305,24 +1305,61 @@ ZOO = {  # zoo name -> (experiment, Phase I run)
     "shakespeare-bpe": ("lm_shakespeare_bpe", "mlp_r0"), "code-bpe": ("lm_code_bpe", "mlp_r0"),
 }
 
+ZOO_KEYS = {"experiment": str, "run": str, "size": str, "config_hash": str, "mlp": int, "attn": int, "sha256": str}  # each zoo.json entry
+
 def zoo_dir()->Path:
     "The package folder that holds the zoo."
     return Path(__file__).parent / "zoo"
 
-def learned_zoo()->pd.DataFrame:
-    "The shipped learned nonlinearities: name, experiment, Phase I run, size, config hash, and which splines each holds."
+def _check_zoo_name(name, where:str):
+    "Refuse a zoo name that is not a plain file name: it is joined into a path inside the zoo folder."
+    if not isinstance(name, str) or not name or name.startswith(".") or any(c in name for c in "/\\:") or ".." in name:
+        raise ValueError(f"{where}: the zoo name {name!r} is not a plain file name (no path separators, no '..'); "
+                         f"zoo entries are files in {zoo_dir()}")
+
+def _zoo_index()->dict:
+    "zoo.json checked: an object of name -> entry with `ZOO_KEYS`; a one-line ValueError naming the file otherwise."
     p = zoo_dir() / "zoo.json"
-    index = json.loads(p.read_text()) if p.is_file() else {}
-    return pd.DataFrame([{"name": k, **v} for k, v in index.items()], columns=["name", "experiment", "run", "size", "config_hash", "mlp", "attn"])
+    if not p.is_file(): return {}
+    fix = "reinstall the package, or rewrite it with update_zoo"
+    try: index = json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{p} is not valid JSON ({' '.join(str(e).split())[:120]}); the file is corrupt: {fix}") from None
+    if not isinstance(index, dict): raise ValueError(f"{p} holds a JSON {type(index).__name__}, not an object of entries: {fix}")
+    for name, entry in index.items():
+        _check_zoo_name(name, str(p))
+        if not isinstance(entry, dict): raise ValueError(f"{p}: entry {name!r} is a JSON {type(entry).__name__}, not an object: {fix}")
+        for k, t in ZOO_KEYS.items():
+            if not isinstance(entry.get(k), t) or isinstance(entry.get(k), bool):
+                raise ValueError(f"{p}: entry {name!r} has {k}={entry.get(k)!r}, expected a {t.__name__}: {fix}")
+    return index
+
+def learned_zoo()->pd.DataFrame:
+    "The shipped learned nonlinearities: name, experiment, Phase I run, size, config hash, which splines each holds, and its file's checksum."
+    return pd.DataFrame([{"name": k, **v} for k, v in _zoo_index().items()], columns=["name", *ZOO_KEYS])
 
 def load_learned(
     name:str, # a zoo name (see `learned_zoo`), e.g. "add"
 )->Nonlinearities:
     "The nonlinearities learned by an experiment, shipped with the package (frozen; ready for `phase2` or the spline editor)."
-    have = tuple(learned_zoo().name)
-    if not have: raise FileNotFoundError(f"this installation ships no learned nonlinearities (no {zoo_dir() / 'zoo.json'})")
-    check_option(name, have, "learned nonlinearities")
-    return Nonlinearities.load(zoo_dir() / f"{name}.safetensors").freeze()
+    _check_zoo_name(name, f"load_learned({name!r})")
+    index, p = _zoo_index(), zoo_dir() / "zoo.json"
+    if not index: raise FileNotFoundError(f"this installation ships no learned nonlinearities (no entries in {p})")
+    check_option(name, tuple(index), "learned nonlinearities")
+    entry, f = index[name], zoo_dir() / f"{name}.safetensors"
+    nl = Nonlinearities.load(f)   # checks the file against its own checksum and config
+    said = _file_checksum(f)
+    if said != entry["sha256"]:
+        raise ValueError(f"{f} is not the file {p} lists as {name!r} (its checksum {str(said)[:12]}... is not the entry's "
+                         f"{entry['sha256'][:12]}...): it was replaced by another file; reinstall the package")
+    if (len(nl.mlp), len(nl.attn)) != (entry["mlp"], entry["attn"]):
+        raise ValueError(f"{f} holds {len(nl.mlp)} MLP and {len(nl.attn)} attention splines, {p} says {entry['mlp']} and {entry['attn']}; reinstall the package")
+    return nl.freeze()
+
+def _file_checksum(path:Path)->Optional[str]:
+    "The checksum a safetensors file of nonlinearities says it has (its metadata's sha256; `Nonlinearities.load` verifies it)."
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f: return (f.metadata() or {}).get("sha256")
 
 def update_zoo(
     results:Union[str,Path]="results", # the results folder to copy from
@@ -1336,6 +1373,7 @@ def update_zoo(
         s = json.loads((results / exp / "summary.json").read_text())
         for ext in ("safetensors", "json"): shutil.copyfile(f.with_suffix(f".{ext}"), z / f"{name}.{ext}")
         nl = Nonlinearities.load(f)
-        index[name] = {"experiment": exp, "run": run, "size": s["size"], "config_hash": s["config_hash"], "mlp": len(nl.mlp), "attn": len(nl.attn)}
+        index[name] = {"experiment": exp, "run": run, "size": s["size"], "config_hash": s["config_hash"], "mlp": len(nl.mlp), "attn": len(nl.attn),
+                       "sha256": _file_checksum(f)}
     atomic_write(z / "zoo.json", json.dumps(index, indent=2))
     return learned_zoo()

@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'POSTFIX_FIRST',
-           'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig', 'lr_multiplier', 'n_models_of', 'is_ensemble',
-           'model_seeds', 'forward_models', 'masked_cross_entropy', 'clip_grad_norm_per_model_', 'derive_seed',
-           'data_generator', 'stack_batches', 'metrics_frame', 'steps_to_threshold', 'CheckpointError', 'save_state',
-           'load_state', 'TrainingDiverged', 'nonfinite_state', 'TrainState', 'checkpoint_path', 'list_checkpoints',
+__all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'EXPLODING_LOSS',
+           'EXPLODING_NORM', 'POSTFIX_FIRST', 'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig', 'lr_multiplier',
+           'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models', 'masked_cross_entropy',
+           'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches', 'metrics_frame',
+           'steps_to_threshold', 'CheckpointError', 'save_state', 'load_state', 'TrainingDiverged', 'nonfinite_state',
+           'weight_norm', 'exploding', 'TrainState', 'checkpoint_path', 'list_checkpoints', 'meta_value',
            'check_resume', 'find_resume', 'autocast', 'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult',
-           'make_optimizer', 'training_threads', 'thread_policy', 'data_info', 'frozen_digest', 'default_name',
-           'resume_and_run', 'train']
+           'make_optimizer', 'probe_loss_fn', 'training_threads', 'thread_policy', 'data_info', 'frozen_digest',
+           'default_name', 'resume_and_run', 'train']
 
 # %% ../nbs/07_train.ipynb #dd3a9892
 import numpy as np
@@ -91,9 +92,11 @@ class TrainConfig:
 
 # Fields that may differ between a run and its resumption: they change how it runs, not what it computes.
 RUN_ONLY_FIELDS = ("device", "compile", "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "progress")
-# Fields that may change on resumption although they change the result: the way out of a divergence. A change is
-# recorded in the metrics (split "train", metric "lr", at the step the run resumed from).
-RESUME_CHANGEABLE = ("lr",)
+# Settings that may change on resumption although they change the result: the way out of a divergence is a lower
+# learning rate, of the weights or of the splines (`train`'s spline_lr, Phase I's Phase1Config.spline_lr). Paths into
+# a checkpoint's meta; a change is recorded in the metrics (split "train", metric "lr" or "spline_lr", at the step the
+# run resumed from).
+RESUME_CHANGEABLE = ("train.lr", "train.spline_lr", "run.phase1.spline_lr")
 
 # %% ../nbs/07_train.ipynb #c05be7c9
 def lr_multiplier(
@@ -270,7 +273,7 @@ class TrainingDiverged(RuntimeError):
     def __init__(self,
                  step:int, # the step at which it was seen
                  losses=None, # the M losses of that step (None: the losses were finite, the state was not)
-                 checkpoint:Optional[Path]=None, # the newest checkpoint with finite weights and optimiser state
+                 checkpoint:Optional[Path]=None, # the newest good checkpoint (finite state, weights not exploding)
                  seeds=None, # model seeds, to name the models whose loss broke
                  bad_state:Sequence[str]=(), # names of the non-finite tensors of the weights or the optimiser state
                 ):
@@ -284,11 +287,14 @@ class TrainingDiverged(RuntimeError):
             who = "" if len(losses) == 1 else f" for model(s) {[seeds[i] if seeds else i for i in bad]} (seeds)"
             what = f"loss {[losses[i] for i in bad]}{who}"
         if checkpoint:
-            todo = (f"the last good checkpoint (finite weights and optimiser state) is {checkpoint}: resume from it with a lower "
-                    f"learning rate (train(..., resume='{checkpoint}', lr=...), or the same command with --resume and a lower --lr); "
-                    "the change of lr is recorded in the metrics")
+            todo = (f"the last good checkpoint (finite, and its weights give a sane loss) is {checkpoint}: resume from it with a lower "
+                    f"learning rate (train(..., resume='{checkpoint}', lr=...), or the same command with --resume and a lower --lr; "
+                    "Phase I's splines: a lower Phase1Config.spline_lr, --spline-lr); the change is recorded in the metrics")
         else: todo = "no checkpoint was written before it: start again with a lower learning rate, more warmup or a tighter grad_clip"
         super().__init__(f"training diverged at step {step}: {what}; {todo}")
+
+EXPLODING_LOSS = 10.0  # a checkpoint's loss on the fixed probe batch above this many times the run's initial loss there: not good
+EXPLODING_NORM = 1000.0  # a checkpoint's weight norm above this many times the run's initial norm: not good
 
 def nonfinite_state(
     state:dict, # a `TrainState.state_dict()` (or its "module" and "optimizers" parts)
@@ -306,6 +312,29 @@ def nonfinite_state(
     walk(state.get("optimizers", {}), "optimizer")
     return bad
 
+@torch.no_grad()
+def weight_norm(module:nn.Module)->float:
+    "The L2 norm of all of `module`'s floating-point parameters together (inf or nan if one is)."
+    sq = sum((p.detach().float().pow(2).sum() for p in module.parameters() if p.is_floating_point()), torch.zeros(()))
+    return float(sq.sqrt())
+
+def exploding(
+    losses:Optional[Sequence[float]], # each model's loss on the probe batch (None: not measured)
+    norm:float, # `weight_norm` of the weights
+    reference:dict, # the run's initial {"loss": [...], "norm": ...}
+)->Optional[str]:
+    "Why weights with these probe `losses` and `norm` are not good to checkpoint (see the text), or None if they are."
+    ref_loss = reference.get("loss")
+    if losses is not None and ref_loss is not None:
+        for i, (l, l0) in enumerate(zip(losses, ref_loss)):
+            if not (math.isfinite(l) and l <= EXPLODING_LOSS * l0):
+                return (f"model {i}'s loss on the probe batch is {l:.4g}" + ("" if not math.isfinite(l) else
+                        f", over {EXPLODING_LOSS:g} times its initial {l0:.4g}"))
+    n0 = reference.get("norm")
+    if not math.isfinite(norm) or (n0 is not None and norm > EXPLODING_NORM * n0):
+        return f"the weights' norm is {norm:.4g}, over {EXPLODING_NORM:g} times the initial {n0:.4g}"
+    return None
+
 # %% ../nbs/07_train.ipynb #b030434d
 @dataclass
 class TrainState:
@@ -318,6 +347,7 @@ class TrainState:
     loss_sum:Optional[torch.Tensor]=None # sum of per-model training losses since the last evaluation
     loss_count:int=0 # steps in loss_sum
     extra:dict=field(default_factory=dict) # tensors and JSON values of variants (e.g. Phase I's best splines)
+    reference:dict=field(default_factory=dict) # the run's initial probe losses and weight norm: what `exploding` measures against
 
     def state_dict(self)->dict:
         rng = {"cpu": torch.get_rng_state()}
@@ -325,7 +355,8 @@ class TrainState:
         return {"step": self.step, "module": self.module.state_dict(), "rows": self.rows,
                 "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
                 "generators": {k: g.get_state() for k, g in self.generators.items()},
-                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "rng": rng, "extra": self.extra}
+                "loss_sum": self.loss_sum, "loss_count": self.loss_count, "rng": rng, "extra": self.extra,
+                "reference": self.reference}
 
     def load_state_dict(self, sd:dict, path=None):
         _check_compatible(self.module.state_dict(), sd["module"], path)
@@ -336,6 +367,7 @@ class TrainState:
         dev = next(self.module.parameters()).device
         self.loss_sum = None if sd["loss_sum"] is None else sd["loss_sum"].to(dev)
         self.loss_count = int(sd["loss_count"])
+        self.reference = dict(sd.get("reference") or {})   # none in checkpoints from before it existed: measured again on resuming
         torch.set_rng_state(sd["rng"]["cpu"])
         if "cuda" in sd["rng"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(sd["rng"]["cuda"])
 
@@ -368,10 +400,26 @@ def _diff(a:dict, b:dict, skip=())->list:
     return [f"{k}: checkpoint {a.get(k)!r} vs now {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if k not in skip and json.dumps(a.get(k)) != json.dumps(b.get(k))]
 
+def meta_value(meta:dict, path:str):
+    "The value at dotted `path` (e.g. 'run.phase1.spline_lr') of a checkpoint's meta, None if it has none."
+    for k in path.split("."):
+        if not isinstance(meta, dict) or k not in meta: return None
+        meta = meta[k]
+    return meta
+
+def _without_changeable(meta:dict)->dict:
+    "A copy of `meta` without the `RESUME_CHANGEABLE` settings."
+    m = json.loads(json.dumps(meta))
+    for path in RESUME_CHANGEABLE:
+        head, last = path.rsplit(".", 1)
+        d = meta_value(m, head)
+        if isinstance(d, dict): d.pop(last, None)
+    return m
+
 def check_resume(meta:dict, now:dict, path)->None:
-    "Raise a CheckpointError if the run recorded in a checkpoint's `meta` is not the run described by `now`."
-    problems = []
-    for key, skip in (("train", RUN_ONLY_FIELDS + RESUME_CHANGEABLE), ("model", ()), ("run", ())):
+    "Raise a CheckpointError if the run recorded in a checkpoint's `meta` is not the run described by `now` (`RESUME_CHANGEABLE` may differ)."
+    problems, meta, now = [], _without_changeable(meta), _without_changeable(now)
+    for key, skip in (("train", RUN_ONLY_FIELDS), ("model", ()), ("run", ())):
         if key in meta or key in now: problems += [f"{key}.{d}" for d in _diff(meta.get(key) or {}, now.get(key) or {}, skip)]
     if problems: raise CheckpointError(f"checkpoint {path} belongs to a different run: " + "; ".join(problems[:8])
                                        + ". Resume with the original settings, or start a new run in another checkpoint_dir.")
@@ -411,6 +459,7 @@ def run_loop(
     seeds:Sequence[int]=(0,), # model seeds (for the training-loss rows and error messages)
     name:str="model", # value of the `model` column
     desc:str="train", # progress bar label
+    probe_fn:Optional[Callable]=None, # probe_fn() -> M losses of the weights now on one fixed batch, no update (None: checkpoints checked by the weight norm only)
 )->TrainState:
     "Run steps `state.step .. cfg.steps-1` of a training loop with evaluation, checkpoints and callbacks."
     base_lrs = {k: [g.get("base_lr", g["lr"]) for g in o.param_groups] for k, o in state.optimizers.items()}
@@ -421,6 +470,15 @@ def run_loop(
     last_ck = None
     if state.step > 0 and cfg.checkpoint_dir is not None and checkpoint_path(cfg.checkpoint_dir, state.step).is_file():
         if not nonfinite_state(_live_state(state)): last_ck = checkpoint_path(cfg.checkpoint_dir, state.step)
+
+    def measure()->tuple:
+        "(the probe losses or None, the weight norm) of the weights now."
+        losses = None if probe_fn is None else [float(l) for l in probe_fn().detach().float().cpu()]
+        return losses, weight_norm(state.module)
+
+    if cfg.checkpoint_dir is not None and not state.reference:   # a fresh run (or a checkpoint from before references)
+        losses, norm = measure()
+        state.reference = {"step": state.step, "loss": losses, "norm": norm}
 
     def check_finite():
         bad = nonfinite_state(_live_state(state))
@@ -437,6 +495,10 @@ def run_loop(
 
     def checkpoint():
         nonlocal last_ck
+        why = exploding(*measure(), state.reference)
+        if why is not None:   # finite but blowing up: no use to resume from
+            print(f"{desc}: no checkpoint at step {state.step}: {why}", file=sys.stderr, flush=True)
+            return
         last_ck = save_state(checkpoint_path(cfg.checkpoint_dir, state.step), {"meta": meta, "state": state.state_dict()})
         _prune(cfg.checkpoint_dir, cfg.keep_checkpoints)
 
@@ -572,6 +634,26 @@ def make_optimizer(
     fused = bool(ps) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in ps)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **({"fused": True} if fused else {}))
 
+def probe_loss_fn(
+    model:nn.Module, # the model or ensemble being trained (uncompiled)
+    data, # task or corpus
+    split:str, # the split its batches come from
+    cfg:TrainConfig, # batch_size, seed, amp
+    device:torch.device, # the run's device
+)->Callable:
+    "`run_loop`'s probe_fn: the M losses of `model`'s weights now on one fixed batch of `split` (eval mode, no gradient, own generator)."
+    held = []
+    @torch.no_grad()
+    def probe()->torch.Tensor:
+        if not held: held.append(data.batch(split, cfg.batch_size, torch.Generator().manual_seed(derive_seed("probe", cfg.seed))))
+        b, was = held[0], model.training
+        model.eval()
+        try:
+            with autocast(device, cfg.amp): logits = forward_models(model, b.x.to(device))
+            return masked_cross_entropy(logits, b.y.to(device), b.mask.to(device))
+        finally: model.train(was)
+    return probe
+
 THREADS_ENV = "SPLINE_TRANSFORMERS_THREADS"  # a number of CPU threads for training, or "torch" (PyTorch's own setting)
 SMALL_MODEL_WIDTH = 128  # on a CPU, models this wide or narrower train on one thread by default
 
@@ -620,6 +702,7 @@ def resume_and_run(
     device:torch.device, # the run's device (its RNG is forked too when it is CUDA)
     cfg:TrainConfig, step_fn:Callable, eval_fn:Callable, meta:dict, # as in `run_loop`
     callbacks:Sequence[Callable]=(), seeds:Sequence[int]=(0,), name:str="model", desc:str="train", # as in `run_loop`
+    probe_fn:Optional[Callable]=None, # as in `run_loop`
 )->int:
     "Lock the checkpoint folder, restore the checkpoint `resume` names (checked against the run's meta), then `run_loop` under a forked, seeded RNG; returns the start step."
     if resume not in (None, False, True, "latest") and not isinstance(resume, (str, Path)):
@@ -640,12 +723,15 @@ def resume_and_run(
             state.load_state_dict(saved["state"], checkpoint)
             for k, o in state.optimizers.items():
                 for g, lr in zip(o.param_groups, lrs[k]): g["base_lr"] = lr
-            old = (saved["meta"].get("train") or {}).get("lr")
-            if old is not None and old != cfg.lr:   # the one hyperparameter that may change: say so, in the metrics too
-                print(f"{desc}: resuming {checkpoint} with lr {cfg.lr:g} (it ran with {old:g}); recorded in the metrics", file=sys.stderr, flush=True)
-                state.rows.extend(dict(step=state.step, model=name, seed=s, split="train", metric="lr", value=float(cfg.lr)) for s in seeds)
+            for path in RESUME_CHANGEABLE:   # the learning rates may change: say so, in the metrics too
+                old, new = meta_value(saved["meta"], path), meta_value(meta, path)
+                if new is None or old == new: continue
+                what = path.rsplit(".", 1)[1]
+                print(f"{desc}: resuming {checkpoint} with {what} {new:g} (it ran with {'its default' if old is None else format(old, 'g')}); "
+                      "recorded in the metrics", file=sys.stderr, flush=True)
+                state.rows.extend(dict(step=state.step, model=name, seed=s, split="train", metric=what, value=float(new)) for s in seeds)
         start = state.step
-        run_loop(state, cfg, step_fn, eval_fn, meta, callbacks, seeds, name, desc=desc)
+        run_loop(state, cfg, step_fn, eval_fn, meta, callbacks, seeds, name, desc=desc, probe_fn=probe_fn)
     return start
 
 # %% ../nbs/07_train.ipynb #2d167f4a
@@ -695,6 +781,7 @@ def train(
     eval_fn = lambda step: evaluate_rows(model, data, splits, step, name, seeds, cfg.eval_examples, cfg.eval_batch_size, device, cfg.amp)
     t0 = time.perf_counter()
     with thread_policy(model, device):   # small models: one thread (a second gains nothing and spins on a busy machine)
-        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name)
+        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc=name,
+                               probe_fn=probe_loss_fn(model, data, split, cfg, device))
     return TrainResult(model, metrics_frame(state.rows), state.step, state.step - start, time.perf_counter() - t0, str(device), cfg,
                        list_checkpoints(cfg.checkpoint_dir))

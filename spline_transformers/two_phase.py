@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/two_phase.html.m
 
 # %% ../nbs/08_two_phase.ipynb #63771f21
 from __future__ import annotations
-import json, math, os, subprocess, sys, tempfile, time
+import builtins, json, math, os, subprocess, sys, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -30,9 +30,10 @@ from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
-from .train import (TrainConfig, TrainResult, TrainState, train, resume_and_run,
+from spline_transformers.train import (TrainConfig, TrainResult, TrainState, TrainingDiverged, train, resume_and_run,
     data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
-    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy)
+    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy,
+    probe_loss_fn)
 from .viz import seed_band_figure, matrix_heatmap
 
 # %% ../nbs/08_two_phase.ipynb #c228e12e
@@ -208,7 +209,8 @@ def phase1(
 
     t0 = time.perf_counter()
     with thread_policy(ens, device):   # small models: one thread
-        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I")
+        start = resume_and_run(state, resume, device, cfg, step_fn, eval_fn, meta, callbacks or (), seeds, name, desc="phase I",
+                               probe_fn=probe_loss_fn(ens, data, wsplit, cfg, device))
     wall = time.perf_counter() - t0
     final = _spline_copy(nl)
     best_nl, best_step = _best_splines(nl, state.extra, state.step)
@@ -657,30 +659,56 @@ def _demo_arm(arm:str, c:DemoConfig, source)->TrainResult:
 
 _ARM_WORKER = "import sys; from spline_transformers.two_phase import _arm_worker; _arm_worker(sys.argv[1])"
 
-def _arm_worker(path:str):
-    "Child process: read (arm, config, source) from stdin, run the arm, write the pickled result (or the error) to `path`."
-    import pickle
-    args = sys.stdin.buffer.read()   # blocks until the parent is ready (torch is imported by then: the start-up overlaps Phase I)
-    if not args: return
-    try: out = ("ok", _demo_arm(*pickle.loads(args)))
-    except BaseException as e: out = ("error", e)
-    atomic_write(path, pickle.dumps(out))
+def _arm_worker(folder:str):
+    "Child process: read the arm's orders (JSON) from stdin, run the arm, write its metrics.csv and result.json (or the error, as JSON) into `folder`."
+    orders = sys.stdin.buffer.read()   # blocks until the parent is ready (torch is imported by then: the start-up overlaps Phase I)
+    if not orders: return
+    out = Path(folder)
+    try:
+        o = json.loads(orders)
+        r = _demo_arm(o["arm"], DemoConfig.from_dict(o["config"]), o["source"])
+        atomic_write(out / "metrics.csv", r.metrics.to_csv(index=False))
+        info = {"status": "ok", "steps": r.steps, "steps_run": r.steps_run, "wall_time": r.wall_time, "device": r.device,
+                "config": r.config.to_dict(), "checkpoints": [str(p) for p in r.checkpoints]}
+    except BaseException as e:
+        ck = getattr(e, "checkpoint", None)
+        info = {"status": "error", "type": type(e).__name__, "message": str(e), "step": getattr(e, "step", None),
+                "checkpoint": None if ck is None else str(ck)}
+    atomic_write(out / "result.json", json.dumps(info))
+
+def _arm_error(arm:str, info:dict)->BaseException:
+    "The child's error rebuilt from its JSON report: a `TrainingDiverged` or built-in exception as itself, anything else as a RuntimeError naming it."
+    msg, kind = info["message"], info["type"]
+    if kind == "TrainingDiverged":
+        e = TrainingDiverged.__new__(TrainingDiverged); RuntimeError.__init__(e, msg)
+        e.step, e.checkpoint = info.get("step"), None if info.get("checkpoint") is None else Path(info["checkpoint"])
+        return e
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        try: return cls(msg)
+        except Exception: pass
+    return RuntimeError(f"the demo's {arm!r} arm failed: {kind}: {msg}")
 
 class _ArmProcess:
-    "A Phase II arm in its own Python process (a fresh interpreter: no fork of this one, no re-import of `__main__`)."
+    "A Phase II arm in its own Python process (a fresh interpreter: no fork of this one, no re-import of `__main__`); orders and results travel as JSON, safetensors and CSV."
     def __init__(self, folder:Path, arm:str):
-        self.arm, self.path = arm, Path(folder) / f"{arm}.pickle"
-        self.proc = subprocess.Popen([sys.executable, "-c", _ARM_WORKER, str(self.path)], stdin=subprocess.PIPE)
+        self.arm, self.folder = arm, Path(folder) / arm
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", _ARM_WORKER, str(self.folder)], stdin=subprocess.PIPE)
     def start(self, c:DemoConfig, source):
-        import pickle
-        self.proc.stdin.write(pickle.dumps((self.arm, c, source))); self.proc.stdin.close()
+        if isinstance(source, Phase1Result): source = source.save(self.folder / "source")   # safetensors + JSON + CSV
+        elif isinstance(source, Nonlinearities): source = source.save(self.folder / "source.safetensors")
+        orders = {"arm": self.arm, "config": c.to_dict(), "source": None if source is None else str(source)}
+        self.proc.stdin.write(json.dumps(orders).encode()); self.proc.stdin.close()
     def result(self)->TrainResult:
-        import pickle
-        code = self.proc.wait()
-        if code != 0 or not self.path.is_file(): raise RuntimeError(f"the demo's {self.arm!r} arm ended with exit code {code} and no result")
-        status, value = pickle.loads(self.path.read_bytes())   # written by our own child process
-        if status == "error": raise value
-        return value
+        "The arm's `TrainResult` (its model stays in the child: `model` is None)."
+        code, f = self.proc.wait(), self.folder / "result.json"
+        if not f.is_file(): raise RuntimeError(f"the demo's {self.arm!r} arm ended with exit code {code} and no result")
+        info = json.loads(f.read_text())
+        if info["status"] == "error": raise _arm_error(self.arm, info)
+        rows = pd.read_csv(self.folder / "metrics.csv").to_dict("records")   # pandas writes and reads floats exactly (the tests check)
+        return TrainResult(None, metrics_frame(rows), info["steps"], info["steps_run"], info["wall_time"], info["device"],
+                           TrainConfig.from_dict(info["config"]), [Path(p) for p in info["checkpoints"]])
     def stop(self):
         if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
 

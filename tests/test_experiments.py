@@ -173,6 +173,47 @@ def test_load_learned_refuses_unknown_names():
     with pytest.raises(ValueError, match="valid values"): load_learned("not-a-zoo-entry")
 
 
+@pytest.fixture
+def zoo_copy(tmp_path, monkeypatch):
+    "A copy of the shipped zoo that `learned_zoo` and `load_learned` read instead (the committed zoo is never touched)."
+    z = tmp_path / "zoo"
+    import shutil; shutil.copytree(zoo_dir(), z)
+    monkeypatch.setattr(ex, "zoo_dir", lambda: z)
+    return z
+
+
+@pytest.mark.parametrize("text, words", [('{"add": {"experiment": "ad', ["zoo.json", "not valid JSON"]),
+                                         ('["add"]', ["zoo.json", "list", "object"]),
+                                         ('{"add": 3}', ["zoo.json", "'add'", "object"])])
+def test_zoo_index_of_the_wrong_shape_names_the_file(zoo_copy, text, words):
+    "Issue 29 N14: a truncated zoo.json, a list, or an entry that is not an object: one-line errors naming zoo.json."
+    (zoo_copy / "zoo.json").write_text(text)
+    for f in (learned_zoo, lambda: load_learned("add")):
+        with pytest.raises(ValueError) as e: f()
+        msg = str(e.value)
+        assert "\n" not in msg and all(w in msg for w in words), msg
+
+
+def test_zoo_file_swapped_for_another_entry_is_refused(zoo_copy):
+    "Issue 29 N14: add-m1's file copied over add's (same config, other splines) fails the checksum recorded in the zoo entry."
+    assert load_learned("add") is not None
+    (zoo_copy / "add.safetensors").write_bytes((zoo_copy / "add-m1.safetensors").read_bytes())
+    with pytest.raises(ValueError, match=r"add\.safetensors.*zoo\.json") as e: load_learned("add")
+    assert "\n" not in str(e.value)
+    assert load_learned("add-m1") is not None   # the others still load
+
+
+@pytest.mark.parametrize("key", ["../evil", "a/b", "..", "sub\\x"])
+def test_zoo_names_stay_inside_the_zoo_folder(zoo_copy, key):
+    "Issue 29 N14: a zoo.json key with a path separator or '..' is refused (it is never joined into a path), and so is such a name."
+    index = json.loads((zoo_copy / "zoo.json").read_text())
+    index[key] = index["add"]
+    (zoo_copy / "zoo.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="zoo.json") as e: learned_zoo()
+    assert repr(key) in str(e.value) or key in str(e.value)
+    with pytest.raises(ValueError, match="not a plain file name"): load_learned(key)   # refused before any file is read
+
+
 # ---------------------------------------------------------------- reproduce
 def test_every_experiment_runs_at_smoke_size(tmp_path):
     "`reproduce all --size smoke --jobs 2` through the command line: every experiment writes its summary, tables and provenance."

@@ -1,6 +1,7 @@
 """The trainer's guarantees: exact resumption from any checkpoint (also after a simulated kill), clear errors for corrupt
 or mismatched checkpoints, divergence handling, device errors, and CPU reproducibility."""
 import json, math, shutil
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -282,3 +283,33 @@ def test_progress_text_shows_the_accuracy_first():
     rows = [dict(split=sp, metric=m, value=v, seed=0) for sp in ("test", "ood") for m, v in (("loss", 1.5), ("token_acc", 0.5), ("seq_acc", 0.25))]
     text = _postfix(rows)
     assert text.split()[:2] == ["test/seq_acc=0.25", "ood/seq_acc=0.25"], text
+
+
+# ---------------------------------------------------------------- issue 29 D2: a good checkpoint is one whose weights still work
+def _probe_loss(task, module_state):
+    "The loss of a model with `module_state`'s weights on one fixed training batch."
+    from spline_transformers.train import data_generator, forward_models, masked_cross_entropy, stack_batches
+    m = make_model(task); m.load_state_dict(module_state); m.eval()
+    x, y, mask = stack_batches(task, "train", 64, [data_generator(7, 0)])
+    with torch.no_grad(): return float(masked_cross_entropy(forward_models(m, x), y, mask)[0])
+
+
+def test_diverging_run_resumes_with_a_lower_lr_past_the_divergence(task, tmp_path):
+    "A huge lr (AdamW's decay factor 1 - lr * wd = -9 a step) blows the weights up until the loss is NaN; the last good checkpoint's weights still give a sane loss, and resuming from it with a lower lr trains past that step."
+    cfg = cfg_for(tmp_path, lr=100.0, warmup=0, schedule="constant", steps=24, eval_every=8, checkpoint_every=1)
+    with pytest.raises(TrainingDiverged) as e: train(make_model(task), task, cfg)
+    diverged, ck = e.value.step, e.value.checkpoint
+    assert ck is not None, str(e.value)
+    initial = _probe_loss(task, load_state(list_checkpoints(tmp_path)[0])["state"]["module"])
+    for p in list_checkpoints(tmp_path):   # every checkpoint left is good: finite, sane loss, weights not blown up
+        sd = load_state(p)["state"]
+        assert _all_finite(sd), p.name
+        loss = _probe_loss(task, sd["module"])
+        assert math.isfinite(loss) and loss < 10 * initial, f"{p.name}: its weights give loss {loss}"
+        assert max(float(v.abs().max()) for v in sd["module"].values()) < 1e4, f"{p.name}: weights blown up"
+    res = train(make_model(task), task, replace(cfg, lr=1e-3), resume=ck)
+    assert res.steps == 24 > diverged
+    losses = res.metrics[(res.metrics.metric == "loss")].value
+    assert losses.map(math.isfinite).all() and float(res.metrics[(res.metrics.split == "train") & (res.metrics.metric == "loss")].value.iloc[-1]) < 10 * initial
+    lr_rows = res.metrics[res.metrics.metric == "lr"]
+    assert list(lr_rows.value) == [1e-3] and list(lr_rows.step) == [int(load_state(ck)["state"]["step"])]

@@ -91,7 +91,8 @@ def test_phase1_resume_is_exact_and_results_round_trip(task, tmp_path):
     pd.testing.assert_frame_equal(full.metrics, again.metrics)
     assert (full.best_step, again.best_step) == (again.best_step, full.best_step)
     with pytest.raises(CheckpointError, match="phase1"):
-        phase1(task, ARCH, tcfg(steps=6), Phase1Config(n_models=2, spline_lr=0.1), resume=tmp_path / "a" / "step-00000002.safetensors")
+        phase1(task, ARCH, tcfg(steps=6), Phase1Config(n_models=2, spline_lr=0.05, arch_loss="train"),   # the spline lr may change, the rest not
+               resume=tmp_path / "a" / "step-00000002.safetensors")
 
     out = full.save(tmp_path / "saved")
     back = load_phase1(out)
@@ -294,3 +295,50 @@ def test_demo_result_writes_its_whole_folder(task, tmp_path):
     back = Nonlinearities.load(out / "nonlinearities.safetensors")
     assert all(torch.equal(a, b) for a, b in zip(back.parameters(), src.nonlinearities.parameters()))
     assert load_phase1(out / "phase1").best_step == src.best_step
+
+
+def test_phase1_resumes_a_divergence_with_lower_lr_and_spline_lr(task, tmp_path):
+    "Issue 29 D2: a Phase I run blown up by huge learning rates resumes from its last good checkpoint with lower lr and spline_lr; both are used and recorded, and it trains past the divergence."
+    import math
+    from spline_transformers.train import TrainingDiverged, load_state
+    cfg = tcfg(steps=24, lr=100.0, eval_every=8, checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    with pytest.raises(TrainingDiverged, match="spline_lr") as e:
+        phase1(task, ARCH, cfg, Phase1Config(n_models=2, seeds=(3, 4), spline_lr=1e10))
+    ck = e.value.checkpoint
+    assert ck is not None, str(e.value)
+    saved = load_state(ck)["state"]
+    res = phase1(task, ARCH, replace(cfg, lr=1e-3), Phase1Config(n_models=2, seeds=(3, 4), spline_lr=0.01), resume=ck)
+    assert res.cost["steps"] == 24 > e.value.step
+    m = res.metrics
+    assert m[m.metric == "loss"].value.map(math.isfinite).all()
+    rows = m[m.metric.isin(["lr", "spline_lr"])]
+    assert sorted(set(zip(rows.metric, rows.value, rows.step))) == [("lr", 1e-3, saved["step"]), ("spline_lr", 0.01, saved["step"])]
+    # the splines moved by Adam steps of at most ~0.01, not 1e10
+    names = [k for k in saved["module"] if k.startswith("nonlinearities.")]
+    now = dict(res.ensemble.state_dict())
+    assert names and max(float((now[k] - saved["module"][k]).abs().max()) for k in names) < 1.0
+
+
+def test_demo_arm_processes_exchange_no_pickle(task, tmp_path):
+    "Issue 29: the demo's arm processes get their orders and send their results back as JSON, safetensors and CSV, never pickle; the results equal an in-process run."
+    import re
+    from pathlib import Path
+    import spline_transformers.two_phase as tp
+    src = Path(tp.__file__).read_text()
+    assert not re.search(r"\bimport pickle\b|\bpickle\.", src), "two_phase.py uses pickle"
+    c = tp.quick_demo_config("cpu")
+    c = replace(c, train=replace(c.train, steps=4, eval_every=2, eval_examples=16, batch_size=8), seeds=(0,))
+    p1 = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    c = replace(c, arch=arch_for(task, ARCH))
+    arms = [tp._ArmProcess(tmp_path, a) for a in ("learned", "standard")]
+    try:
+        arms[0].start(c, replace(p1, ensemble=None)); arms[1].start(c, None)
+        got = [a.result() for a in arms]
+    finally:
+        for a in arms: a.stop()
+    names = {p.suffix for p in tmp_path.rglob("*") if p.is_file()}
+    assert names <= {".json", ".csv", ".safetensors"}, names
+    for arm, r, source in zip(("learned", "standard"), got, (p1, None)):
+        ref = tp._demo_arm(arm, c, source)
+        pd.testing.assert_frame_equal(ref.metrics, r.metrics, check_exact=True)
+        assert (r.steps, r.steps_run, r.config) == (ref.steps, ref.steps_run, ref.config) and r.wall_time > 0
