@@ -134,6 +134,8 @@ def build_parser()->argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="results folder, cells kept under OUT/.cells (default: results for --size cpu, runs/SIZE otherwise)")
     r.add_argument("--resume", action="store_true", help="continue the cells a killed run left unfinished, and re-run cells found damaged")
     r.add_argument("--overwrite", action="store_true", help="replace results in --out of another size or configuration (without it they are refused)")
+    r.add_argument("--batch-seeds", action=argparse.BooleanOptionalAction, default=True,
+                   help="train an arm's seeds as one batched ensemble in one process (--no-batch-seeds: one process per seed)")
     r.add_argument("--device", default="cpu", help="where the cells train: cpu, or cuda for the gpu size")
     r.add_argument("--quiet", action="store_true", help="no progress lines, only the verdicts")
     r.set_defaults(func=cmd_reproduce)
@@ -721,7 +723,7 @@ def cmd_reproduce(a)->int:
     before = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None   # `timeout` and `kill` end the run like Ctrl-C: cells ended, one line
     try:
         res = reproduce(names if names != ["all"] else "all", a.size, a.jobs, out, a.resume, a.device,
-                        log=None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True)), command=_command_line(), overwrite=a.overwrite)
+                        log=None if a.quiet else (lambda s: print(s, file=sys.stderr, flush=True)), command=_command_line(), overwrite=a.overwrite, batch_seeds=a.batch_seeds)
     finally:
         if main_thread: signal.signal(signal.SIGTERM, before)
     for n, s in res.items():

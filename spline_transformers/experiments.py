@@ -7,21 +7,22 @@ Docs: https://spline-transformers.github.io/spline_transformers/experiments.html
 # %% ../nbs/09_experiments.ipynb #f3a57cf3
 from __future__ import annotations
 import datetime, hashlib, json, math, os, platform, re, shutil, signal, subprocess, sys, threading, time, warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'ZOO', 'ZOO_KEYS',
-           'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source',
-           'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'lower_median', 'paired_bootstrap',
-           'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem',
-           'provenance', 'attention_tail', 'staged_folder', 'summarise', 'summarise_transfer', 'result_state',
-           'reproduce', 'results_dir', 'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
-           'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
-           'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
-           'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo']
+__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'MAX_BATCH', 'ZOO',
+           'ZOO_KEYS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source',
+           'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'lower_median',
+           'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting',
+           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'staged_folder', 'summarise',
+           'summarise_transfer', 'result_state', 'reproduce', 'results_dir', 'load_result', 'StaleResult',
+           'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure',
+           'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure',
+           'probe_density', 'spline_gallery_figure', 'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo',
+           'load_learned', 'update_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -253,8 +254,8 @@ def load_data(
         p = dict(params); return load_corpus(p.pop("name"), **p)
     return get_task(task, seed=0, **params)
 
-def _train_config(d:dict, device:str, folder:Path)->TrainConfig:
-    return TrainConfig.from_dict({**d, "device": device, "progress": False, "checkpoint_dir": str(folder / "ckpt"), "keep_checkpoints": 1})
+def _train_config(d:dict, device:str, ckpt:Path)->TrainConfig:
+    return TrainConfig.from_dict({**d, "device": device, "progress": False, "checkpoint_dir": str(ckpt), "keep_checkpoints": 1})
 
 def _forward_one(ens):
     "A (B, T) -> (B, T, V) callable from an ensemble of one model."
@@ -311,24 +312,48 @@ def run_cell(
     device:str="cpu", # where to train
 )->dict:
     "Run `cell` (resuming from its checkpoint if one is there) and write `done.json`; returns what `done.json` holds."
-    root = Path(root); folder = root / cell.key; folder.mkdir(parents=True, exist_ok=True)
-    with FolderLock(folder, f"experiment cell {cell.label}"):   # one process trains a cell; the runner checks this lock before it starts one
-        return _run_cell(cell, folder, device)
+    return run_cells([cell], root, device)[0]
 
-def _run_cell(cell:Cell, folder:Path, device:str)->dict:
-    root = folder.parent
-    remove_stale_temps(folder)
-    s, t0 = cell.spec, time.perf_counter()
+def batch_key(cell:Cell)->str:
+    "Cells with the same key differ only in their seed and can train as one batched ensemble (a Phase I cell is its own key)."
+    return cell.key if cell.spec["kind"] != "train" else _hash({k: v for k, v in cell.spec.items() if k != "seed"})
+
+def run_cells(
+    cells:Sequence[Cell], # one Phase I cell, or Phase II cells with one `batch_key` (they differ only in their seed)
+    root:Union[str,Path], # the `.cells` folder
+    device:str="cpu", # where to train
+)->list:
+    "Run `cells` as one job, Phase II seeds as one batched ensemble (each model its own init and data order); each cell gets its own metrics and `done.json`."
+    root, cells = Path(root), list(cells)
+    if not cells: raise ValueError("run_cells needs at least one cell")
+    if len(cells) > 1 and len({batch_key(c) for c in cells}) > 1:
+        raise ValueError(f"cells {[c.label for c in cells]} differ in more than their seed; batch only cells with one batch_key")
+    if len({c.key for c in cells}) < len(cells): raise ValueError("a cell is named twice; give each cell once")
+    with ExitStack() as held:
+        for c in cells:   # one process trains a cell; the runner checks these locks before it starts one
+            (root / c.key).mkdir(parents=True, exist_ok=True)
+            held.enter_context(FolderLock(root / c.key, f"experiment cell {c.label}"))
+        return _run_cells(cells, root, device)
+
+def _one_model(ens:Ensemble, i:int)->Ensemble:
+    "Model `i` of `ens` as an ensemble of one (`ens` itself when it holds one model)."
+    return ens if ens.n_models == 1 else Ensemble.from_models([ens.extract(i)], nonlinearities=ens.nonlinearities)
+
+def _run_cells(cells:list, root:Path, device:str)->list:
+    first = root / cells[0].key
+    for c in cells: remove_stale_temps(root / c.key)
+    s, t0 = cells[0].spec, time.perf_counter()
     task = load_data(s["task"], s["task_params"])
-    resume = (folder / "ckpt").is_dir() and any((folder / "ckpt").iterdir())
+    ckpt = first / ("ckpt" if len(cells) == 1 else f"ckpt-{_hash([c.key for c in cells])}")   # a batch's checkpoints name its cells
+    resume = ckpt.is_dir() and any(ckpt.iterdir())
     if s["kind"] == "phase1":
         p1 = Phase1Config.from_dict(s["p1"])
-        res = phase1(task, TransformerConfig.from_dict(s["arch"]), _train_config(s["train"], device, folder), p1,
-                     resume="latest" if resume else None, out_dir=folder / "phase1")
-        metrics = res.metrics
+        res = phase1(task, TransformerConfig.from_dict(s["arch"]), _train_config(s["train"], device, ckpt), p1,
+                     resume="latest" if resume else None, out_dir=first / "phase1")
+        outputs = {cells[0].key: {"metrics.csv": res.metrics.to_csv(index=False)}}
     else:
-        arch, cfg, nl = TransformerConfig.from_dict(s["arch"]), _train_config(s["train"], device, folder), s["nonlinearities"]
-        seeds, name = [s["seed"]], "arm"
+        arch, cfg, nl = TransformerConfig.from_dict(s["arch"]), _train_config(s["train"], device, ckpt), s["nonlinearities"]
+        seeds, name = [c.spec["seed"] for c in cells], "arm"
         if nl == "standard": res = baseline(task, arch, cfg, seeds=seeds, name=name, resume=resume)
         elif "phase1" in nl:
             src = root / nl["phase1"] / "phase1"
@@ -336,18 +361,24 @@ def _run_cell(cell:Cell, folder:Path, device:str)->dict:
         else:
             init = Ensemble(arch_for(task, spline_arch(arch, **nl["init"])), seeds=[0]).nonlinearities
             res = phase2(task, init, arch, cfg, seeds=seeds, name=name, resume=resume)
-        metrics = res.metrics
-        if s["eval_by"]:
-            model = _forward_one(res.model.eval())
-            by = pd.concat([task.evaluate_by(model, sp).assign(split=sp) for sp in s["eval_by"]], ignore_index=True)
-            atomic_write(folder / "by_size.csv", by.to_csv(index=False))
-        if s["task"] == "corpus": atomic_write(folder / "probe.json", json.dumps(corpus_probe(res.model, task, seed=s["seed"])))
-    atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
-    shutil.rmtree(folder / "ckpt", ignore_errors=True)
-    done = {"key": cell.key, "label": cell.label, "wall_s": time.perf_counter() - t0, "resumed": resume,
-            "threads": torch.get_num_threads(), "device": device,
-            "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()}}   # what `cell_problem` checks
-    atomic_write(folder / "done.json", json.dumps(done))
+        outputs = {}
+        for i, (c, seed) in enumerate(zip(cells, seeds)):
+            out = outputs[c.key] = {"metrics.csv": res.metrics[res.metrics.seed == seed].to_csv(index=False)}
+            if s["eval_by"] or s["task"] == "corpus": one = _one_model(res.model, i).eval()
+            if s["eval_by"]:
+                by = pd.concat([task.evaluate_by(_forward_one(one), sp).assign(split=sp) for sp in s["eval_by"]], ignore_index=True)
+                out["by_size.csv"] = by.to_csv(index=False)
+            if s["task"] == "corpus": out["probe.json"] = json.dumps(corpus_probe(one, task, seed=seed))
+    wall = time.perf_counter() - t0
+    done = []
+    for c in cells:
+        folder = root / c.key
+        for f, text in outputs[c.key].items(): atomic_write(folder / f, text)
+        d = {"key": c.key, "label": c.label, "wall_s": wall / len(cells), "resumed": resume, "threads": torch.get_num_threads(), "device": device,
+             "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()}}   # what `cell_problem` checks
+        if len(cells) > 1: d.update(batch=[b.label for b in cells], batch_wall_s=wall)   # its share of one batched job
+        atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
+    shutil.rmtree(ckpt, ignore_errors=True)
     return done
 
 # %% ../nbs/09_experiments.ipynb #43426b78
@@ -509,12 +540,11 @@ def _die_with_parent(parent:int):
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 def cell_main(argv:Sequence[str]):
-    "The entry point of a cell's process (`_cell_process`): one thread, bound to its runner's life, then `run_cell`."
-    spec, root, device, parent = argv
+    "The entry point of a cell job's process (`_cell_process`): one thread, bound to its runner's life, then `run_cells`."
+    specs, root, device, parent = argv
     _die_with_parent(int(parent))
     torch.set_num_threads(1)
-    d = json.loads(spec)
-    run_cell(Cell(d["key"], d["spec"], tuple(d["deps"]), d["label"]), root, device)
+    run_cells([Cell(d["key"], d["spec"], tuple(d["deps"]), d["label"]) for d in json.loads(specs)], root, device)
 
 _CELL_WORKER = "import sys; from spline_transformers.experiments import cell_main; cell_main(sys.argv[1:])"
 
@@ -567,10 +597,10 @@ def cell_problem(
     except (ValueError, OSError) as e: return str(e)
     return None
 
-def _cell_process(cell:Cell, root:Path, device:str, log:Path)->subprocess.Popen:
-    "Start `cell` in a fresh one-thread interpreter that dies with this process; its output goes to `log`."
+def _cell_process(cells:Sequence[Cell], root:Path, device:str, log:Path)->subprocess.Popen:
+    "Start a job of `cells` (`run_cells`) in a fresh one-thread interpreter that dies with this process; its output goes to `log`."
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPLINE_TRANSFORMERS_THREADS": "1"}
-    arg = json.dumps({"key": cell.key, "spec": cell.spec, "deps": list(cell.deps), "label": cell.label})
+    arg = json.dumps([{"key": c.key, "spec": c.spec, "deps": list(c.deps), "label": c.label} for c in cells])
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-c", _CELL_WORKER, arg, str(root), device, str(os.getpid())],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -590,6 +620,7 @@ def provenance(
             "threads_per_cell": sorted({c.get("threads", 1) for c in cell_info}) or [1], "jobs": jobs,
             "device": sorted({c.get("device", "cpu") for c in cell_info}),
             "cell_wall_s": {c["label"]: round(c["wall_s"], 2) for c in cell_info}, "total_cell_wall_s": round(sum(c["wall_s"] for c in cell_info), 1),
+            "batched_seeds": any("batch" in c for c in cell_info),   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join(["spline-transformers"] + sys.argv[1:])}
 
@@ -771,6 +802,14 @@ def _cpu_count()->int:
     try: return len(os.sched_getaffinity(0))
     except AttributeError: return os.cpu_count() or 1
 
+MAX_BATCH = 16  # the most seeds one batched job trains
+
+def _job_label(group:Sequence[Cell])->str:
+    "'exp/arm/seed3', or 'exp/arm/seeds 0, 1, 2' for a batch."
+    if len(group) == 1: return group[0].label
+    head = group[0].label.rsplit("/", 1)[0]
+    return f"{head}/seeds {', '.join(str(g.spec['seed']) for g in group)}"
+
 def _check_not_running(cell:Cell, root:Path):
     "Refuse in one line if a live process (an orphan of a killed run) still trains `cell`: it holds the cell folder's lock."
     try: FolderLock(root / cell.key, f"experiment cell {cell.label}").acquire().release()
@@ -789,6 +828,7 @@ def reproduce(
     log:Optional[Callable]=print, # log(str) for progress lines (None: silent)
     command:Optional[str]=None, # the command line recorded in the provenance
     overwrite:bool=False, # replace results in `out` of another size or configuration, or not written by this package (without it they are refused)
+    batch_seeds:bool=True, # train the ready cells of an arm that differ only in their seed as one batched ensemble (`run_cells`)
 )->dict:
     "Run experiments at `size`, `jobs` cells at a time; writes each experiment's results as soon as its cells are done; returns name -> summary."
     names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
@@ -843,27 +883,28 @@ def reproduce(
                 ready = [k for k, c in left.items() if all(_is_done(root, d) for d in c.deps)]
                 while ready and len(running) < jobs:
                     k = ready.pop(0); c = left.pop(k)
-                    (root / k).mkdir(parents=True, exist_ok=True)
-                    _check_not_running(c, root)
-                    running[k] = (c, _cell_process(c, root, device, root / k / "log.txt"), time.perf_counter())
+                    mates = [j for j in ready if batch_key(left[j]) == batch_key(c)][:MAX_BATCH - 1] if batch_seeds else []
+                    group = [c] + [left.pop(j) for j in mates]; ready = [j for j in ready if j not in mates]
+                    for g in group: (root / g.key).mkdir(parents=True, exist_ok=True); _check_not_running(g, root)
+                    running[k] = (group, _cell_process(group, root, device, root / k / "log.txt"), time.perf_counter())
                 time.sleep(0.2)
-                for k, (c, p, ts) in list(running.items()):
+                for k, (group, p, ts) in list(running.items()):
                     code = p.poll()
                     if code is None: continue
                     del running[k]
-                    problem = cell_problem(c, root) if code == 0 else None
+                    problem = next((f"{g.label}: {q}" for g in group if (q := cell_problem(g, root)) is not None), None) if code == 0 else None
                     if code != 0 or problem is not None:
                         tail = (root / k / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
-                        raise RuntimeError(f"cell {c.label} failed (exit {code}{'; ' + problem if problem else ''}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
-                    n_done += 1
+                        raise RuntimeError(f"cell {_job_label(group)} failed (exit {code}{'; ' + problem if problem else ''}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
+                    n_done += len(group)
                     el = time.perf_counter() - t0
                     eta = el / n_done * (total - n_done)
-                    say(f"[{n_done}/{total}] {c.label} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(eta)}")
+                    say(f"[{n_done}/{total}] {_job_label(group)} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(eta)}")
                     finish_ready()
                 if not running and left and not ready:
                     raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
         finally:
-            for c, p, _ in running.values():
+            for _, p, _ in running.values():
                 if p.poll() is None: p.terminate(); p.wait()
     return {n: results[n] for n in names if n in results}
 
