@@ -919,12 +919,50 @@ def time_builds(
 # %% ../nbs/20_interpolation.ipynb #e10e7704
 DATASET_FORMATS = (".npz", ".json")
 
+def _real_array(a, key, path)->np.ndarray:
+    "The array `a` of a .npz file as float64, refused unless it holds finite real numbers (not booleans, complex or text)."
+    a = np.asarray(a)
+    if a.dtype.kind == "b": raise DatasetFileError(f"{path}: '{key}' holds booleans (dtype bool); store the tokens as numbers (floats)")
+    if a.dtype.kind == "c": raise DatasetFileError(f"{path}: '{key}' holds complex numbers (dtype {a.dtype}); tokens must be real, store the real parts as floats")
+    if a.dtype.kind not in "iuf": raise DatasetFileError(f"{path}: '{key}' must hold numbers (ints or floats), got dtype {a.dtype}")
+    with np.errstate(over="ignore"): out = a.astype(np.float64)
+    bad = np.argwhere(~np.isfinite(out))
+    if len(bad): raise DatasetFileError(f"{path}: '{key}' has a value that is not a finite float64 at index {tuple(int(i) for i in bad[0])} "
+                                        f"({a[tuple(bad[0])]!r}); remove NaN/inf and values beyond ±1.8e308")
+    return out
+
+def _lengths(a, key, path)->np.ndarray:
+    "The sequence lengths of a .npz file as int64, refused unless they are exactly non-negative integers (integral floats allowed)."
+    a = np.asarray(a)
+    if a.ndim != 1: raise DatasetFileError(f"{path}: '{key}' must be a 1-D array of sequence lengths, got shape {a.shape}")
+    if a.dtype.kind not in "iuf": raise DatasetFileError(f"{path}: '{key}' must hold non-negative integers, got dtype {a.dtype}")
+    bad = [i for i, v in enumerate(a.tolist()) if not (math.isfinite(v) and v == int(v) and v >= 0)]
+    if bad: raise DatasetFileError(f"{path}: '{key}'[{bad[0]}] = {a[bad[0]]!r} is not a non-negative integer; sequence lengths must be whole token counts")
+    return a.astype(np.int64)
+
 def _split(flat, lengths, key, path):
-    lengths = np.asarray(lengths).astype(np.int64).reshape(-1)
-    if flat.ndim != 2 or lengths.sum() != len(flat) or (lengths < 0).any():
+    lengths = _lengths(lengths, f"{key}_lengths", path)
+    if flat.ndim != 2 or lengths.sum() != len(flat):
         raise DatasetFileError(f"{path}: '{key}' has shape {flat.shape} but '{key}_lengths' sums to {int(lengths.sum())}; "
                                f"'{key}' must be the sequences' tokens concatenated (sum of lengths, d)")
     return np.split(flat, np.cumsum(lengths)[:-1])
+
+def _json_sequence(s, where, path)->np.ndarray:
+    "One sequence of a .json file (a list of tokens, each a list of numbers) as a float64 array; refuses booleans, text, overflow."
+    if not isinstance(s, list) or not all(isinstance(t, list) for t in s):
+        raise DatasetFileError(f"{path}: {where} must be a list of tokens (lists of d numbers)")
+    for i, t in enumerate(s):
+        for v in t:
+            if isinstance(v, bool): raise DatasetFileError(f"{path}: {where} token {i} holds true/false; tokens must be numbers")
+            if not isinstance(v, (int, float)): raise DatasetFileError(f"{path}: {where} token {i} holds {v!r}, which is not a number")
+    try: a = np.asarray(s, dtype=np.float64)
+    except OverflowError: raise DatasetFileError(f"{path}: {where} has an integer too large for float64 (beyond ±1.8e308)") from None
+    except ValueError: raise DatasetFileError(f"{path}: {where} is not a list of equal-length lists of numbers") from None
+    if a.ndim != 2: raise DatasetFileError(f"{path}: {where} must be a list of tokens (lists of d numbers), got shape {a.shape}")
+    bad = np.nonzero(~np.isfinite(a).all(1))[0]
+    if len(bad): raise DatasetFileError(f"{path}: {where} token {int(bad[0])} has a value that is not a finite float64 ({s[int(bad[0])]}); "
+                                        f"remove NaN/Infinity and values beyond ±1.8e308")
+    return a
 
 def load_dataset_file(
     path, # a .npz or .json dataset file (formats in the chapter)
@@ -940,12 +978,12 @@ def load_dataset_file(
         with z:
             keys = set(z.files)
             if not {"X", "Y"} <= keys: raise DatasetFileError(f"{path}: needs arrays 'X' and 'Y' (found {sorted(keys)})")
-            try: seqs = {k: np.asarray(z[k], dtype=np.float64) for k in ("X", "Y")}
-            except (ValueError, TypeError) as e: raise DatasetFileError(f"{path}: 'X' and 'Y' must hold numbers ({e})") from None
+            try: raw = {k: z[k] for k in sorted(keys)}
+            except (ValueError, OSError) as e: raise DatasetFileError(f"{path}: its arrays must hold numbers, not pickled objects ({e})") from None
             out = []
             for k in ("X", "Y"):
-                a = seqs[k]
-                if f"{k}_lengths" in keys: out.append(_split(a, z[f"{k}_lengths"], k, path))
+                a = _real_array(raw[k], k, path)
+                if f"{k}_lengths" in keys: out.append(_split(a, raw[f"{k}_lengths"], k, path))
                 elif a.ndim == 3: out.append(list(a))
                 else: raise DatasetFileError(f"{path}: '{k}' has shape {a.shape}; give a 3-D array (N, n, d) or add '{k}_lengths'")
         return out[0], out[1]
@@ -958,13 +996,7 @@ def load_dataset_file(
     out = []
     for k in (xk, yk):
         if not isinstance(obj[k], list): raise DatasetFileError(f"{path}: '{k}' must be a list of sequences")
-        seqs = []
-        for j, s in enumerate(obj[k]):
-            try: a = np.asarray(s, dtype=np.float64)
-            except (ValueError, TypeError): raise DatasetFileError(f"{path}: '{k}'[{j}] is not a list of equal-length lists of numbers") from None
-            if a.ndim != 2: raise DatasetFileError(f"{path}: '{k}'[{j}] must be a list of tokens (lists of d numbers), got shape {a.shape}")
-            seqs.append(a)
-        out.append(seqs)
+        out.append([_json_sequence(s, f"'{k}'[{j}]", path) for j, s in enumerate(obj[k])])
     return out[0], out[1]
 
 def save_dataset_file(
