@@ -603,6 +603,24 @@ def test_interpolate_reads_integral_float_lengths_and_integer_tokens(tmp_path, c
         assert code == 0 and "2 sequences, d = 2, 3 input tokens" in out, err
 
 
+def test_interpolate_refuses_a_dataset_beyond_the_available_memory(tmp_path, monkeypatch, capsys):
+    "Issue 29 (N5): 3,000 sequences (13,392 tokens, d = 20) grew to 22 GB in a minute with no output."
+    import spline_transformers.interpolation as interp
+    f = save_dataset_file(tmp_path / "big.npz", *random_dataset(N=3000, d=20, seed=0))
+    monkeypatch.setattr(interp, "available_memory", lambda: 100 * 2**20)
+    monkeypatch.setattr(interp, "_Builder", lambda *a, **k: pytest.fail("started building"))
+    code, out, err = run(["interpolate", f], capsys)
+    _one_line_error(code, err)
+    assert "needs about 0.38 GB of memory" in err and "only 0.10 GB is available" in err and "13392 tokens" in err and out == "", err
+
+
+def test_interpolate_shows_progress_on_stderr(tmp_path, capsys):
+    f = save_dataset_file(tmp_path / "toy.json", *toy_dataset())
+    code, out, err = run(["interpolate", f, "--json"], capsys)
+    assert code == 0 and json.loads(out)["n_blocks"] == 15
+    assert "interpolate: hardmax construction, stage place" in err and "interpolate: verifying 3 sequences" in err, err
+
+
 def test_non_utf8_text_corpus_is_one_line(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "good.txt").write_text("hello world\n" * 20)
