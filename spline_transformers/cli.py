@@ -680,7 +680,8 @@ def cmd_interpolate(a)->int:
     from spline_transformers.interpolation import interpolate_file
     path = Path(a.file)
     if not path.is_file(): raise UsageError(f"{path}: no such file; give a .npz or .json dataset file (see the interpolation chapter)")
-    try: r = interpolate_file(path, attention=a.attention, tau=a.tau, mode=a.mode)
+    say = lambda s: print(f"interpolate: {s}", file=sys.stderr, flush=True)   # progress on stderr, results on stdout
+    try: r = interpolate_file(path, attention=a.attention, tau=a.tau, mode=a.mode, progress=say)
     except RecursionError: raise UsageError(f"{path}: nested too deeply to be a dataset file (see the interpolation chapter for the format)") from None
     if a.json: print(json.dumps(r, indent=2)); return 0
     print(f"{r['path']}: {r['n_sequences']} sequences, d = {r['d']}, {r['total_input_tokens']} input tokens, {r['total_output_tokens']} target tokens")

@@ -559,6 +559,68 @@ def test_deeply_nested_dataset_file_is_one_line(tmp_path, capsys):
     assert str(f) in err
 
 
+# ---------------------------------------------------------------- issue 29 (N13): dataset values must be finite real numbers
+_TOKS = '"inputs": [[[0.1, 0.2], [0.3, 0.4]], [[0.5, 0.6]]], "targets": [[[1.0, 1.0]], [[-1.0, 2.0]]]'
+
+
+def _ragged(X=((0.1, 0.2), (0.3, 0.4), (0.5, 0.6)), X_lengths=(2, 1), Y=((1.0, 1.0), (-1.0, 2.0)), Y_lengths=(1, 1)):
+    return dict(X=np.asarray(X), X_lengths=np.asarray(X_lengths), Y=np.asarray(Y), Y_lengths=np.asarray(Y_lengths))
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("huge_int.json", _TOKS.replace("0.5", "1" + "0" * 400), "too large"),
+    ("overflow.json", _TOKS.replace("0.5", "1e400"), "finite"),
+    ("nan.json", _TOKS.replace("0.5", "NaN"), "finite"),
+    ("bool.json", _TOKS.replace("0.5", "true"), "true/false"),
+    ("string.json", _TOKS.replace("0.5", '"0.5"'), "not a number"),
+    ("complex.npz", _ragged(X=np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6 + 1j]])), "complex"),
+    ("bool_tokens.npz", _ragged(X=np.array([[True, False], [False, True], [True, True]])), "bool"),
+    ("strings.npz", _ragged(Y=np.array([["1.0", "1.0"], ["-1.0", "2.0"]])), "numbers"),
+    ("inf.npz", _ragged(X=np.array([[0.1, 0.2], [0.3, np.inf], [0.5, 0.6]])), "finite"),
+    ("float128_overflow.npz", _ragged(X=np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], dtype=np.longdouble) * np.longdouble("1e400")
+                                       if np.finfo(np.longdouble).max > 1e400 else np.array([[0.1, 0.2], [0.3, np.inf], [0.5, 0.6]])), "finite"),
+    ("fractional_lengths.npz", _ragged(X_lengths=np.array([2.7, 1.2])), "X_lengths"),
+    ("bool_lengths.npz", _ragged(Y_lengths=np.array([True, True])), "Y_lengths"),
+    ("negative_lengths.npz", _ragged(X_lengths=np.array([4, -1])), "X_lengths"),
+    ("lengths_2d.npz", _ragged(X_lengths=np.array([[2, 1]])), "X_lengths"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+def test_interpolate_refuses_values_that_are_not_finite_reals(name, content, match, tmp_path, monkeypatch, capsys):
+    import spline_transformers.interpolation as interp
+    monkeypatch.setattr(interp, "build_interpolator", lambda *a, **k: pytest.fail("built from a file that should be refused"))
+    f = tmp_path / name
+    if isinstance(content, str): f.write_text("{" + content + "}")
+    else: np.savez(f, **content)
+    code, _, err = run(["interpolate", f], capsys)
+    _one_line_error(code, err)
+    assert match in err and str(f) in err, err
+
+
+def test_interpolate_reads_integral_float_lengths_and_integer_tokens(tmp_path, capsys):
+    f = tmp_path / "ok.npz"; np.savez(f, **_ragged(X=np.array([[1, 2], [3, 4], [5, 6]]), X_lengths=np.array([2.0, 1.0])))
+    g = tmp_path / "ok.json"; g.write_text("{" + _TOKS.replace("0.5", "5") + "}")
+    for path in (f, g):
+        code, out, err = run(["interpolate", path], capsys)
+        assert code == 0 and "2 sequences, d = 2, 3 input tokens" in out, err
+
+
+def test_interpolate_refuses_a_dataset_beyond_the_available_memory(tmp_path, monkeypatch, capsys):
+    "Issue 29 (N5): 3,000 sequences (13,392 tokens, d = 20) grew to 22 GB in a minute with no output."
+    import spline_transformers.interpolation as interp
+    f = save_dataset_file(tmp_path / "big.npz", *random_dataset(N=3000, d=20, seed=0))
+    monkeypatch.setattr(interp, "available_memory", lambda: 100 * 2**20)
+    monkeypatch.setattr(interp, "_Builder", lambda *a, **k: pytest.fail("started building"))
+    code, out, err = run(["interpolate", f], capsys)
+    _one_line_error(code, err)
+    assert "needs about 0.38 GB of memory" in err and "only 0.10 GB is available" in err and "13392 tokens" in err and out == "", err
+
+
+def test_interpolate_shows_progress_on_stderr(tmp_path, capsys):
+    f = save_dataset_file(tmp_path / "toy.json", *toy_dataset())
+    code, out, err = run(["interpolate", f, "--json"], capsys)
+    assert code == 0 and json.loads(out)["n_blocks"] == 15
+    assert "interpolate: hardmax construction, stage place" in err and "interpolate: verifying 3 sequences" in err, err
+
+
 def test_non_utf8_text_corpus_is_one_line(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "good.txt").write_text("hello world\n" * 20)

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from spline_transformers.interpolation import (
-    ConstructionError, DatasetFileError, ExactInterpolator, InterpolationDataError, InterpAttention, InterpBlock, STAGES,
-    build_interpolator, expected_blocks, hardmax_weights, hausdorff, interpolate_file, load_dataset_file,
+    ConstructionError, DatasetFileError, ExactInterpolator, InsufficientMemoryError, InterpolationDataError, InterpAttention, InterpBlock,
+    STAGES, available_memory, build_interpolator, build_memory_estimate, expected_blocks, hardmax_weights, hausdorff, interpolate_file, load_dataset_file,
     largest_exact_tau, params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound, time_builds, toy_dataset,
     validate_dataset)
 
@@ -366,9 +366,37 @@ def test_largest_exact_tau_brackets_the_first_failure_above_the_bound():
     try: T = build_interpolator(X, Y, attention="softmax", tau=r["tau_fail"], strict=False)   # ... and not exact just above
     except ConstructionError: pass
     else: raise AssertionError(f"exact at tau_fail = {r['tau_fail']:.3g}")
-    Xt, Yt = toy_dataset()   # the toy never fails on the way up: the scan stops at its cap
-    r = largest_exact_tau(Xt, Yt, max_factor=1e4)
-    assert r["capped"] and r["tau_fail"] is None and r["ratio"] == pytest.approx(1e4)
+    r = largest_exact_tau(X, Y, max_factor=10.0)   # below its first failure: the scan stops at its cap
+    assert r["capped"] and r["tau_fail"] is None and r["failures"] == [] and r["ratio"] == pytest.approx(1.25 ** 10)
+    assert r["builds"] == 11
+
+
+def test_largest_exact_tau_does_not_claim_past_a_failing_build():
+    "Issue 29 (N11): with the old factor-10 scan the toy was 'exact up to the cap, 1e8 times the bound' while builds at 11.5, 12 and 20 times failed."
+    X, Y = toy_dataset()
+    r = largest_exact_tau(X, Y)
+    b = r["tau_bound"]
+    for f in (11.5, 12.0, 20.0):
+        with pytest.raises(ConstructionError): build_interpolator(X, Y, attention="softmax", tau=f * b, strict=False)
+    assert not r["capped"] and b <= r["tau_max"] < 11.5 * b and r["tau_max"] < r["tau_fail"] <= r["tau_max"] * 1.05
+    assert r["failures"] and r["tau_fail"] == min(r["failures"]) and all(t > r["tau_max"] for t in r["failures"])
+    assert r["step"] == 1.25 and r["builds"] <= 200
+    T = build_interpolator(X, Y, attention="softmax", tau=r["tau_max"], strict=False)
+    assert_exact(T, X, Y, bitwise=False)
+
+
+def test_largest_exact_tau_refuses_a_step_it_cannot_finish_before_building(monkeypatch):
+    "Issue 29 (N11): step=1.0000001 needed about 1.8e8 builds to reach the cap and never finished."
+    import time
+    interp = importlib.import_module("spline_transformers.interpolation")
+    monkeypatch.setattr(interp, "_tau_bound", lambda *a: pytest.fail("built before checking the number of builds"))
+    monkeypatch.setattr(interp, "validate_dataset", lambda *a: pytest.fail("read the data before checking the number of builds"))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="max_builds = 200") as e: largest_exact_tau(*toy_dataset(), step=1.0000001)
+    assert time.perf_counter() - t0 < 1 and "\n" not in str(e.value) and "184206817 builds" in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match="max_builds = 50"): largest_exact_tau(*toy_dataset(), step=1.25, max_builds=50)
+    for bad in (0, 2.5, True, "200"):
+        with pytest.raises(ValueError, match="max_builds must be"): largest_exact_tau(*toy_dataset(), max_builds=bad)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(tol=0.0), "tol must be"), (dict(rtol=-1.0), "rtol must be"), (dict(step=1.0), "step must be"),
@@ -818,3 +846,66 @@ def test_trainable_interpolator_is_the_constructed_architecture():
         with torch.no_grad(): assert interpolation_error(net(Xp, mx), mx, Y, T.scale) < 1e-9 * T.scale
         n = max(len(x) for x in X)
         assert FlatResNet(n, T.d, len(X), 1).n_params == resnet_reference_params(n, T.d, len(X))
+
+
+# ---------------------------------------------------------------- issue 29 (N5): memory estimate, refusal, no quadratic growth
+_PEAK = """
+import resource, sys, torch
+torch.set_num_threads(1)
+import spline_transformers.interpolation as I
+N, attention = int(sys.argv[1]), sys.argv[2]
+I.build_interpolator(*I.random_dataset(3, 20, seed=1), attention=attention)   # warm-up: torch's first-call allocations
+X, Y = I.random_dataset(N, 20, seed=0)
+base = int(open("/proc/self/statm").read().split()[1]) * 4096
+I.build_interpolator(X, Y, attention=attention)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base, I.build_memory_estimate(X, Y, attention))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="measures resident memory through /proc")
+@pytest.mark.parametrize("N, attention", [(100, "hardmax"), (200, "hardmax")])
+def test_build_memory_estimate_is_within_a_factor_two_of_the_measured_peak(N, attention):
+    "Measured on the old code, 300 sequences (1,373 tokens, d = 20) peaked 0.44 GB above the process, 600 sequences 2.4 GB."
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-c", _PEAK, str(N), attention], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    peak, est = map(int, p.stdout.split())
+    assert 0.5 <= est / peak <= 2.0, f"estimate {est / 1e6:.0f} MB, measured peak {peak / 1e6:.0f} MB"
+    assert peak < 100e6   # the old code's peak grew with blocks x tokens: 0.44 GB for N = 300
+
+
+def test_build_refuses_a_dataset_larger_than_the_available_memory_before_building(monkeypatch):
+    import time
+    interp = importlib.import_module("spline_transformers.interpolation")
+    monkeypatch.setattr(interp, "available_memory", lambda: 10 * 2**20)
+    monkeypatch.setattr(interp, "_Builder", lambda *a, **k: pytest.fail("started building"))
+    monkeypatch.setattr(interp, "_tau_bound", lambda *a, **k: pytest.fail("started building"))
+    X, Y = random_dataset(3000, 20, seed=0)   # the issue's size: 13,392 tokens
+    for attention in ATTENTIONS_:
+        t0 = time.perf_counter()
+        with pytest.raises(InsufficientMemoryError) as e: build_interpolator(X, Y, attention=attention)
+        msg = str(e.value)
+        assert time.perf_counter() - t0 < 10 and "\n" not in msg
+        assert f"needs about {interp._gb(build_memory_estimate(X, Y, attention))}" in msg and "only 10 MB is available" in msg, msg
+        assert "3000 sequences, 13392 tokens, d = 20" in msg
+    monkeypatch.setattr(interp, "available_memory", lambda: None)   # unknown: no refusal (the stand-in builder is reached)
+    with pytest.raises(pytest.fail.Exception, match="started building"): build_interpolator(X[:2], Y[:2])
+
+
+ATTENTIONS_ = ("hardmax", "softmax")
+
+
+def test_available_memory_reads_meminfo():
+    a = available_memory()
+    assert a is None or 0 < a < 2**50
+    if Path("/proc/meminfo").exists():
+        kb = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemAvailable:"))
+        assert abs(a - kb * 1024) < 2**30
+
+
+def test_build_reports_progress():
+    seen = []
+    build_interpolator(*toy_dataset(), progress=seen.append)
+    assert any("stage place" in s for s in seen) and any("verifying 3 sequences" in s for s in seen), seen
+    assert all("\n" not in s for s in seen)
