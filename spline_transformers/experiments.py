@@ -1350,7 +1350,10 @@ ZOO_KEYS = {"experiment": str, "run": str, "size": str, "config_hash": str, "mlp
 
 def zoo_dir()->Path:
     "The package folder that holds the zoo."
-    return Path(__file__).parent / "zoo"
+    here = globals().get("__file__")   # absent where this runs inside its own chapter: then the installed package's folder
+    if here: return Path(here).parent / "zoo"
+    from importlib.resources import files
+    return Path(str(files("spline_transformers"))) / "zoo"
 
 def _check_zoo_name(name, where:str):
     "Refuse a zoo name that is not a plain file name: it is joined into a path inside the zoo folder."
