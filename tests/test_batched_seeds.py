@@ -8,14 +8,7 @@ import pytest
 from spline_transformers.experiments import EXPERIMENTS, batch_key, cells, reproduce, run_cells
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_experiment import NAME, register_tiny, unregister_tiny  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    exp = register_tiny()
-    yield exp
-    unregister_tiny()
+from tiny_experiment import NAME, tiny  # noqa: E402,F401  (tiny: the fixture)
 
 
 @pytest.fixture(scope="module")

@@ -13,18 +13,10 @@ from spline_transformers.core import FolderLock
 from spline_transformers.experiments import EXPERIMENTS, cell_problem, cells, load_result, reproduce, findings_table, StaleResult
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_experiment import NAME, register_tiny, unregister_tiny  # noqa: E402
+from tiny_experiment import NAME, tiny  # noqa: E402,F401  (tiny: the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [sys.executable, str(Path(__file__).parent / "tiny_experiment.py")]   # the command line with `tiny` registered
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    "The tiny experiment registered in this process, for this module only (the registry's other tests never see it)."
-    exp = register_tiny()
-    yield exp
-    unregister_tiny()
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ with it registered, so that a test can kill a real `reproduce` process at any mo
 import sys
 from dataclasses import replace
 
+import pytest
+
 from spline_transformers.experiments import EXPERIMENTS, Arm, Experiment, Phase1Run, Verdict, register
 
 NAME = "tiny"
@@ -26,6 +28,13 @@ def register_tiny()->Experiment:
     return EXPERIMENTS[NAME] if NAME in EXPERIMENTS else register(tiny_experiment())
 
 def unregister_tiny(): EXPERIMENTS.pop(NAME, None)
+
+@pytest.fixture(scope="module")
+def tiny():
+    "The tiny experiment registered in this process for one test module only (the registry's other tests never see it)."
+    exp = register_tiny()
+    yield exp
+    unregister_tiny()
 
 if __name__ == "__main__":
     register_tiny()
