@@ -138,7 +138,9 @@ def forward(self:Ensemble,
     bias = alibi_bias(H, T, device=x.device) if cfg.pos == "alibi" else None
     for l in range(cfg.n_layers):
         p = f"blocks.{l}."
-        qkv = batched_linear(self._norm(x, W, p + "norm1"), W[p + "attn.qkv.weight"], W.get(p + "attn.qkv.bias"))
+        hn = self._norm(x, W, p + "norm1")
+        if cfg.pre_qkv_spline: hn = self.nonlinearities.pre_qkv_phi(l, dn)(hn)   # x + φ(a·x + b) before Q, K, V, as `Block` does
+        qkv = batched_linear(hn, W[p + "attn.qkv.weight"], W.get(p + "attn.qkv.bias"))
         q, k, v = qkv.view(M * B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
         phi = self.nonlinearities.attn_phi(l, dn) if cfg.attn_fn == "spline" else None
         y = attend(q, k, v, cfg.attn_fn, phi, causal=True, mask=mask, bias=bias, dropout_p=drop)
@@ -218,7 +220,7 @@ def summary(self:Ensemble)->str:
     c, nl = self.cfg, self.nonlinearities
     return (f"Ensemble of {self.n_models} × Transformer: {c.n_layers} layers, d_model {c.d_model}, mlp {c.mlp_act}, "
             f"attention {c.attn_fn}, pos {c.pos}; {self.n_params() / 1e6:.3f}M weights per model, "
-            f"{len(nl.mlp) + len(nl.attn)} shared splines{' (frozen)' if nl.frozen and len(list(nl.parameters())) else ''}")
+            f"{len(nl.mlp) + len(nl.attn) + len(nl.pre_qkv)} shared splines{' (frozen)' if nl.frozen and len(list(nl.parameters())) else ''}")
 
 @patch
 def __repr__(self:Ensemble)->str: return self.summary()

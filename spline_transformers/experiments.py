@@ -14,15 +14,15 @@ from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
 __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'MAX_BATCH', 'ZOO',
-           'ZOO_KEYS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells', 'transfer_source',
-           'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'lower_median',
-           'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register', 'get_experiment', 'cpu_setting',
-           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'staged_folder', 'summarise',
-           'summarise_transfer', 'result_state', 'reproduce', 'results_dir', 'load_result', 'StaleResult',
-           'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure',
-           'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure',
-           'probe_density', 'spline_gallery_figure', 'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo',
-           'load_learned', 'update_zoo']
+           'ZOO_KEYS', 'PEER_ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells',
+           'transfer_source', 'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'batch_key',
+           'run_cells', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register',
+           'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance', 'attention_tail',
+           'staged_folder', 'summarise', 'summarise_transfer', 'result_state', 'reproduce', 'results_dir',
+           'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame',
+           'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines', 'learned_splines_figure',
+           'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure', 'samples_frame',
+           'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo', 'peer_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -1385,7 +1385,8 @@ def learned_zoo()->pd.DataFrame:
 def load_learned(
     name:str, # a zoo name (see `learned_zoo`), e.g. "add"
 )->Nonlinearities:
-    "The nonlinearities learned by an experiment, shipped with the package (frozen; ready for `phase2` or the spline editor)."
+    "The nonlinearities learned by an experiment, or `namespace/name` from `PEER_ZOO`, shipped with the package (frozen; ready for `phase2` or the spline editor)."
+    if isinstance(name, str) and name.partition("/")[0] in PEER_ZOO and "/" in name: return _load_peer(name)
     _check_zoo_name(name, f"load_learned({name!r})")
     index, p = _zoo_index(), zoo_dir() / "zoo.json"
     if not index: raise FileNotFoundError(f"this installation ships no learned nonlinearities (no entries in {p})")
@@ -1421,3 +1422,30 @@ def update_zoo(
                        "sha256": _file_checksum(f)}
     atomic_write(z / "zoo.json", json.dumps(index, indent=2))
     return learned_zoo()
+
+# %% ../nbs/09_experiments.ipynb #c38b7042
+from .model import read_afs_csv
+
+PEER_ZOO = {  # namespace -> {name: (file in zoo/<namespace>/, its SHA-256)}: splines learned by others' code, shipped with their licence
+    "lm-afs": {
+        "fineweb-mlp": ("ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv", "a9fdb9c8815d0549c1b2fda171f0c33698963db5b91ef8eaab25c2ff4c687f34"),
+        "fineweb-mlp-attn-shared": ("ptAf-optimizedMlpAtt-layerShared-phase1-step20000.csv", "9b90e385116f85b68bba3e69cb2ccd233fe353536a654f4daf4b7ca5da458e27"),
+        "fineweb-mlp-attn": ("ptAf-optimizedMlpAtt-layerSpecific-phase1-step20000.csv", "a12e74ed48e6a10bb29685378d4112480fbc7a028090b2d8f21ea3cd014050b4"),
+    },
+}
+
+def _load_peer(name:str)->Nonlinearities:
+    "A namespaced zoo entry (`namespace/name` of `PEER_ZOO`), checked against its recorded SHA-256, frozen."
+    ns, _, item = name.partition("/")
+    check_option(item, tuple(PEER_ZOO[ns]), f"{ns} splines")
+    fname, digest = PEER_ZOO[ns][item]
+    f = zoo_dir() / ns / fname   # built from the table, never from the caller's text
+    if not f.is_file(): raise FileNotFoundError(f"{f} is missing: this installation lacks {name!r}; reinstall the package")
+    if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+        raise ValueError(f"{f} is not the file shipped as {name!r} (its SHA-256 differs from PEER_ZOO's); reinstall the package")
+    return read_afs_csv(f).freeze()
+
+def peer_zoo()->pd.DataFrame:
+    "The shipped splines learned elsewhere: name (for `load_learned`), source file, and its SHA-256."
+    return pd.DataFrame([{"name": f"{ns}/{k}", "file": f"{ns}/{f}", "sha256": d} for ns, es in PEER_ZOO.items() for k, (f, d) in es.items()],
+                        columns=["name", "file", "sha256"])

@@ -6,9 +6,9 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'FORMS', 'TransformerConfig', 'spline_layout', 'FixedSpline',
-           'Nonlinearities', 'mlp_activation', 'MLP', 'rms_norm', 'RMSNorm', 'make_norm', 'Block', 'check_detach',
-           'check_tokens', 'Transformer', 'check_nonlinearities', 'decay_groups', 'smooth_values', 'symmetrise_values',
-           'future_leak']
+           'PreQKVSpline', 'Nonlinearities', 'read_afs_csv', 'write_afs_csv', 'mlp_activation', 'MLP', 'rms_norm',
+           'RMSNorm', 'make_norm', 'Block', 'check_detach', 'check_tokens', 'Transformer', 'check_nonlinearities',
+           'decay_groups', 'smooth_values', 'symmetrise_values', 'future_leak']
 
 # %% ../nbs/03_model.ipynb #16d6056d
 import json
@@ -61,6 +61,7 @@ class TransformerConfig:
     attn_spline_range:Optional[float]=None # attention spline range (None: spline_range)
     attn_init:Union[str,float,Callable]=1.0 # attention spline init (1.0: uniform averaging; "exp": softmax)
     extrapolate:str="constant" # spline values beyond the range: "constant" | "linear"
+    pre_qkv_spline:bool=False # a residual spline x + φ(a·x + b) on each block's normalised input before Q, K, V (the released code's attention spline; attn_fn="spline" is the paper's text: a score kernel)
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_len"):
@@ -76,6 +77,7 @@ class TransformerConfig:
         if self.d_mlp is not None: self.d_mlp = check_int("d_mlp", self.d_mlp, lo=1)
         self.dropout = check_number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         self.bias, self.tie_embeddings = _check_bool("bias", self.bias), _check_bool("tie_embeddings", self.tie_embeddings)
+        self.pre_qkv_spline = _check_bool("pre_qkv_spline", self.pre_qkv_spline)
         self.n_knots = check_int("n_knots", self.n_knots, lo=2)
         if self.attn_n_knots is not None: self.attn_n_knots = check_int("attn_n_knots", self.attn_n_knots, lo=2)
         self.spline_range = check_number("spline_range", self.spline_range, lo=0.0, lo_open=True)   # knots span [-range, range]
@@ -97,8 +99,9 @@ class TransformerConfig:
         return self.attn_fn == "spline"
 
     def to_dict(self)->dict:
-        "The config as a JSON-able dict (callable inits are written as their name)."
+        "The config as a JSON-able dict (callable inits are written as their name; `pre_qkv_spline` only when on, so older configs keep their hashes)."
         d = asdict(self)
+        if not d["pre_qkv_spline"]: del d["pre_qkv_spline"]
         for k in ("mlp_init", "attn_init"):
             if callable(d[k]): d[k] = getattr(d[k], "__name__", repr(d[k]))
         return d
@@ -140,7 +143,10 @@ def _nearest_layer(l:int, n_new:int, n_old:int)->int:
     return math.ceil(l * (n_old - 1) / (n_new - 1) - 0.5)
 
 def _spline_settings(cfg:TransformerConfig, kind:str)->Optional[dict]:
-    "The LinearSpline arguments of one kind of spline ('mlp' or 'attn'), or None if the model has none."
+    "The LinearSpline arguments of one kind of spline ('mlp', 'attn' or 'pre_qkv'), or None if the model has none."
+    if kind == "pre_qkv":   # the released code uses one grid and one init for its MLP and pre-QKV splines
+        if not cfg.pre_qkv_spline: return None
+        return dict(n_knots=cfg.n_knots, x_min=-float(cfg.spline_range), x_max=float(cfg.spline_range), init=cfg.mlp_init, extrapolate=cfg.extrapolate)
     if kind == "mlp":
         if not cfg.mlp_spline: return None
         return dict(n_knots=cfg.n_knots, x_min=-float(cfg.spline_range), x_max=float(cfg.spline_range), init=cfg.mlp_init, extrapolate=cfg.extrapolate)
@@ -155,9 +161,24 @@ class FixedSpline:
         self.values, self.x_min, self.x_max, self.extrapolate = values, x_min, x_max, extrapolate
     def __call__(self, x:torch.Tensor)->torch.Tensor: return spline_eval(x, self.values, self.x_min, self.x_max, self.extrapolate)
 
+class PreQKVSpline(LinearSpline):
+    "A `LinearSpline` φ with learned scalars `a` (init 1) and `b` (init 0); `residual(x)` is x + φ(a·x + b), the released code's attention spline."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.a, self.b = nn.Parameter(torch.ones(())), nn.Parameter(torch.zeros(()))
+
+    def residual(self,
+                 x:torch.Tensor, # the block's normalised input, before the Q, K, V projections
+                 detach:bool=False, # hold the values, a and b fixed (no gradient reaches them)
+                )->torch.Tensor:
+        "x + φ(a·x + b), in x's dtype."
+        v, a, b = (self.values, self.a, self.b) if not detach else (self.values.detach(), self.a.detach(), self.b.detach())
+        return x + spline_eval(a.to(x.dtype) * x + b.to(x.dtype), v, self.x_min, self.x_max, self.extrapolate)
+
+
 # %% ../nbs/03_model.ipynb #e4ecdf94
 class Nonlinearities(nn.Module):
-    "Every spline of a model: MLP activations and attention kernels, laid out over the layers by a sharing option."
+    "Every spline of a model: MLP activations, attention kernels and pre-QKV residual splines, laid out over the layers by a sharing option."
     FORMAT = "spline_transformers.Nonlinearities/1"
 
     def __init__(self,
@@ -165,31 +186,34 @@ class Nonlinearities(nn.Module):
                  sharing:str="shared", # "shared" | "per_layer" | "ends"
                  mlp:Optional[dict]=None, # LinearSpline arguments of the MLP splines (None: no MLP spline)
                  attn:Optional[dict]=None, # LinearSpline arguments of the attention splines (None: no attention spline)
+                 pre_qkv:Optional[dict]=None, # LinearSpline arguments of the pre-QKV residual splines (None: none)
                 ):
         super().__init__()
         self.n_layers, self.sharing = check_int("n_layers", n_layers, lo=1), check_option(sharing, SHARINGS, "sharing")
         self.layout = spline_layout(sharing, n_layers)
         n = max(self.layout) + 1
-        self.settings = {"mlp": _settings_json(mlp), "attn": _settings_json(attn)}
+        self.settings = {"mlp": _settings_json(mlp), "attn": _settings_json(attn), "pre_qkv": _settings_json(pre_qkv)}
         self.mlp = nn.ModuleList([LinearSpline(**mlp) for _ in range(n)] if mlp else [])
         self.attn = nn.ModuleList([LinearSpline(**attn) for _ in range(n)] if attn else [])
+        self.pre_qkv = nn.ModuleList([PreQKVSpline(**pre_qkv) for _ in range(n)] if pre_qkv else [])
         self.polynomial_degree, self.mlp_polynomials = None, None  # set by `to_polynomial`: the MLP applies Chebyshev series instead
 
     @classmethod
     def from_config(cls, cfg:TransformerConfig)->"Nonlinearities":
         "The splines a model built from `cfg` needs, freshly initialised."
-        return cls(cfg.n_layers, cfg.sharing, _spline_settings(cfg, "mlp"), _spline_settings(cfg, "attn"))
+        return cls(cfg.n_layers, cfg.sharing, _spline_settings(cfg, "mlp"), _spline_settings(cfg, "attn"), _spline_settings(cfg, "pre_qkv"))
 
     def _spline(self, kind, layer):
         splines = getattr(self, kind)
         if not len(splines): raise ValueError(f"these Nonlinearities hold no {kind} spline; build them from a config with "
-                                              + ("mlp_act='spline' or 'glu_spline'" if kind == "mlp" else "attn_fn='spline'"))
+                                              + {"mlp": "mlp_act='spline' or 'glu_spline'", "attn": "attn_fn='spline'", "pre_qkv": "pre_qkv_spline=True"}[kind])
         if not 0 <= layer < self.n_layers: raise IndexError(f"layer {layer} out of range for {self.n_layers} layers")
         return splines[self.layout[layer]]
 
     def phi(self, kind:str, layer:int, detach:bool=False)->Callable:
-        "The function that layer `layer` applies (kind 'mlp' or 'attn'); with `detach`, no gradient reaches the values."
+        "The function that layer `layer` applies (kind 'mlp', 'attn' or 'pre_qkv'); with `detach`, no gradient reaches the values."
         s = self._spline(kind, layer)
+        if kind == "pre_qkv": return lambda x: s.residual(x, detach)
         if kind == "mlp" and self.mlp_polynomials is not None: return self.mlp_polynomials[self.layout[layer]]
         return FixedSpline(s.values.detach(), s.x_min, s.x_max, s.extrapolate) if detach else s
 
@@ -200,6 +224,10 @@ class Nonlinearities(nn.Module):
     def attn_phi(self, layer:int, detach:bool=False)->Callable:
         "The attention kernel of `layer`."
         return self.phi("attn", layer, detach)
+
+    def pre_qkv_phi(self, layer:int, detach:bool=False)->Callable:
+        "The pre-QKV residual x ↦ x + φ(a·x + b) of `layer`."
+        return self.phi("pre_qkv", layer, detach)
 
     def freeze(self)->"Nonlinearities":
         "Stop the splines from learning (Phase II); returns self."
@@ -218,12 +246,14 @@ class Nonlinearities(nn.Module):
         "The JSON-able description that `save` writes next to the values."
         c = {"format": self.FORMAT, "n_layers": self.n_layers, "sharing": self.sharing,
              "mlp": self.settings["mlp"], "attn": self.settings["attn"]}
+        if self.settings["pre_qkv"] is not None: c["pre_qkv"] = self.settings["pre_qkv"]   # only then: older files keep their bytes
         if self.polynomial_degree is not None: c["mlp_polynomial_degree"] = self.polynomial_degree
         return c
 
     def extra_repr(self):
         poly = "" if self.polynomial_degree is None else f" (applied as degree-{self.polynomial_degree} polynomials)"
-        return f"n_layers={self.n_layers}, sharing={self.sharing!r}, mlp splines={len(self.mlp)}{poly}, attention splines={len(self.attn)}"
+        pre = f", pre-QKV splines={len(self.pre_qkv)}" if len(self.pre_qkv) else ""
+        return f"n_layers={self.n_layers}, sharing={self.sharing!r}, mlp splines={len(self.mlp)}{poly}, attention splines={len(self.attn)}{pre}"
 
 # %% ../nbs/03_model.ipynb #3c4901fb
 def _settings_json(s:Optional[dict])->Optional[dict]:
@@ -243,7 +273,8 @@ def save(self:Nonlinearities, path)->Path:
     "Write the spline values to `path` (.safetensors, config in its metadata) and the config to a .json next to it."
     path = Path(path)
     if path.suffix != ".safetensors": path = path.with_suffix(".safetensors")
-    tensors = {f"{kind}.{i}": v for kind in ("mlp", "attn") for i, v in enumerate(_values(getattr(self, kind)))}
+    tensors = {f"{kind}.{i}": v for kind in ("mlp", "attn", "pre_qkv") for i, v in enumerate(_values(getattr(self, kind)))}
+    tensors.update({f"pre_qkv_affine.{i}": torch.stack([s.a, s.b]).detach().cpu().float() for i, s in enumerate(self.pre_qkv)})
     meta = {"config": json.dumps(self.config())}
     meta["sha256"] = tensor_checksum(tensors, meta)
     atomic_write(path, safetensors_bytes(tensors, metadata=meta))
@@ -272,8 +303,9 @@ def load(cls:Nonlinearities, path)->Nonlinearities:
     try: c = json.loads(meta["config"])
     except ValueError as e: raise ValueError(f"{path}: its saved config is not valid JSON ({e}); the file is corrupt") from None
     _check_saved_config(c, path)
-    nl = cls(c["n_layers"], c["sharing"], _settings_for_build(c["mlp"]), _settings_for_build(c["attn"]))
-    expected = {f"{kind}.{i}": s.values.shape for kind in ("mlp", "attn") for i, s in enumerate(getattr(nl, kind))}
+    nl = cls(c["n_layers"], c["sharing"], _settings_for_build(c["mlp"]), _settings_for_build(c["attn"]), _settings_for_build(c.get("pre_qkv")))
+    expected = {f"{kind}.{i}": s.values.shape for kind in ("mlp", "attn", "pre_qkv") for i, s in enumerate(getattr(nl, kind))}
+    expected.update({f"pre_qkv_affine.{i}": torch.Size([2]) for i in range(len(nl.pre_qkv))})
     if set(tensors) != set(expected):
         raise ValueError(f"{path}: holds splines {sorted(tensors)} but its config needs {sorted(expected)}; the file is corrupt")
     with torch.no_grad():
@@ -282,7 +314,8 @@ def load(cls:Nonlinearities, path)->Nonlinearities:
             if t.shape != shape: raise ValueError(f"{path}: spline {name} has shape {tuple(t.shape)}, its config says {tuple(shape)}")
             if not torch.isfinite(t).all(): raise ValueError(f"{path}: spline {name} holds non-finite values")
             kind, i = name.split(".")
-            getattr(nl, kind)[int(i)].values.copy_(t)
+            if kind == "pre_qkv_affine": nl.pre_qkv[int(i)].a.copy_(t[0]); nl.pre_qkv[int(i)].b.copy_(t[1])
+            else: getattr(nl, kind)[int(i)].values.copy_(t)
     return nl if c.get("mlp_polynomial_degree") is None else nl.to_polynomial(int(c["mlp_polynomial_degree"]))
 
 def _settings_for_build(s):
@@ -297,13 +330,15 @@ def _settings_for_build(s):
 @torch.no_grad()
 def for_depth(self:Nonlinearities, n_layers:int)->Nonlinearities:
     "A copy of these splines laid out for a model with `n_layers` layers (same sharing; rule in the text above)."
-    new = Nonlinearities(n_layers, self.sharing, _settings_for_build(self.settings["mlp"]), _settings_for_build(self.settings["attn"]))
-    for kind in ("mlp", "attn"):
+    new = Nonlinearities(n_layers, self.sharing, *(_settings_for_build(self.settings[k]) for k in ("mlp", "attn", "pre_qkv")))
+    for kind in ("mlp", "attn", "pre_qkv"):
         old, tgt = getattr(self, kind), getattr(new, kind)
         if not len(old): continue
         if self.sharing == "ends": src = _ends_map(len(tgt), len(old))
         else: src = [_nearest_layer(j, len(tgt), len(old)) for j in range(len(tgt))]
-        for j, i in enumerate(src): tgt[j].values.copy_(old[i].values)
+        for j, i in enumerate(src):
+            tgt[j].values.copy_(old[i].values)
+            if kind == "pre_qkv": tgt[j].a.copy_(old[i].a); tgt[j].b.copy_(old[i].b)
     new.requires_grad_(not self.frozen)
     return new if self.polynomial_degree is None else new.to_polynomial(self.polynomial_degree)
 
@@ -322,12 +357,82 @@ def config_for(self:Nonlinearities,
     "`base` with the spline layout of these nonlinearities: which functions are splines, knots, range, sharing."
     gated = base.mlp_act in ("glu_spline", "swiglu")
     ch = {"sharing": self.sharing, "mlp_act": ("glu_spline" if gated else "spline") if len(self.mlp) else ("swiglu" if gated else "gelu"),
-          "attn_fn": "spline" if len(self.attn) else "softmax"}
+          "attn_fn": "spline" if len(self.attn) else "softmax", "pre_qkv_spline": bool(len(self.pre_qkv))}
     m, at = self.settings.get("mlp"), self.settings.get("attn")
+    pq = self.settings.get("pre_qkv")
+    if pq and not m: ch.update(n_knots=int(pq["n_knots"]), spline_range=float(pq["x_max"]), extrapolate=pq.get("extrapolate", base.extrapolate))
     if m: ch.update(n_knots=int(m["n_knots"]), spline_range=float(m["x_max"]), extrapolate=m.get("extrapolate", base.extrapolate))
     if at: ch.update(attn_n_knots=int(at["n_knots"]), attn_spline_range=float(at["x_max"]))
     if at and not m: ch.update(n_knots=int(at["n_knots"]), spline_range=float(at["x_max"]), extrapolate=at.get("extrapolate", base.extrapolate))
     return replace(base, **ch)
+
+# %% ../nbs/03_model.ipynb #14f43669
+def _afs_line(path, n, line)->np.ndarray:
+    "Line `n` (1-based) of an lm-afs file as float64 numbers; a one-line ValueError naming the file and line otherwise."
+    try: a = np.array([float(t) for t in line.strip().split(",")], dtype=np.float64)
+    except ValueError: raise ValueError(f"{path}, line {n}: not a comma-separated list of numbers ({line.strip()[:40]!r}...)") from None
+    if not np.isfinite(a).all(): raise ValueError(f"{path}, line {n}: holds non-finite numbers")
+    return a
+
+def _afs_grid(path, n, anchors)->tuple:
+    "(K, x_min, x_max) of an anchors line, if its anchors are evenly spaced (within 1e-5 of a step); else a ValueError."
+    K = len(anchors)
+    if K < 2 or not anchors[-1] > anchors[0]: raise ValueError(f"{path}, line {n}: needs at least 2 increasing anchors, got {K}")
+    dev = float(np.abs(anchors - np.linspace(anchors[0], anchors[-1], K)).max())
+    h = (anchors[-1] - anchors[0]) / (K - 1)
+    if dev > 1e-5 * h:
+        raise ValueError(f"{path}, line {n}: the anchors are not evenly spaced (one is {dev:.3g} off the uniform grid, step {h:.3g}); "
+                         "the book's splines need evenly spaced knots")
+    return K, float(anchors[0]), float(anchors[-1])
+
+def read_afs_csv(
+    path, # an lm-afs CSV file: pairs of lines (anchors, values), MLP splines first, then attention splines
+    n_layers:int=4, # layers of the model that wrote it (the released runs have 4): n_layers pairs (MLP only) or 2·n_layers (MLP + attention)
+)->Nonlinearities:
+    "The splines of an lm-afs CSV file as `Nonlinearities`: MLP splines, and its attention splines as pre-QKV residual splines (a = 1, b = 0)."
+    path, n_layers = Path(path), check_int("n_layers", n_layers, lo=1)
+    if not path.is_file(): raise FileNotFoundError(f"no lm-afs spline file at {path}")
+    lines = [(n, l) for n, l in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if l.strip()]
+    if len(lines) not in (2 * n_layers, 4 * n_layers):
+        raise ValueError(f"{path}: {len(lines)} lines; for {n_layers} layers expected {2 * n_layers} (MLP splines) or "
+                         f"{4 * n_layers} (MLP and attention splines), in pairs of anchors and values")
+    splines, grid = [], None
+    for (na, la), (nv, lv) in zip(lines[0::2], lines[1::2]):
+        anchors, values = _afs_line(path, na, la), _afs_line(path, nv, lv)
+        g = _afs_grid(path, na, anchors)
+        if grid is not None and g != grid: raise ValueError(f"{path}, line {na}: anchors {g} differ from line 1's {grid}; one grid per file is supported")
+        if len(values) != len(anchors): raise ValueError(f"{path}, line {nv}: {len(values)} values for {len(anchors)} anchors")
+        grid = g; splines.append(torch.tensor(values, dtype=torch.float32))
+    kinds = {"mlp": splines[:n_layers], "pre_qkv": splines[n_layers:]}
+    shared = all(all(torch.equal(v, vs[0]) for v in vs) for vs in kinds.values() if vs)
+    s = dict(n_knots=grid[0], x_min=grid[1], x_max=grid[2], init=0.01, extrapolate="constant")   # 0.01: the authors' init
+    nl = Nonlinearities(n_layers, "shared" if shared else "per_layer", mlp=s, pre_qkv=s if kinds["pre_qkv"] else None)
+    with torch.no_grad():
+        for kind, vs in kinds.items():
+            for sp, v in zip(getattr(nl, kind), vs): sp.values.copy_(v)
+    return nl
+
+def write_afs_csv(
+    nl:Nonlinearities, # MLP splines (and optionally pre-QKV splines), constant extrapolation
+    path, # the CSV file to write
+)->Path:
+    "Write the MLP and pre-QKV splines of `nl` in the lm-afs CSV format, one pair of lines (anchors, values) per layer; returns the path."
+    if not isinstance(nl, Nonlinearities): raise TypeError(f"write_afs_csv needs Nonlinearities, got {type(nl).__name__}")
+    if not len(nl.mlp): raise ValueError("the lm-afs format starts with the MLP splines; these Nonlinearities hold none")
+    if len(nl.attn): raise ValueError("the lm-afs format has no place for score-kernel attention splines (attn_fn='spline'); only MLP and pre-QKV splines")
+    if nl.polynomial_degree is not None: raise ValueError("these Nonlinearities apply polynomials; write the splines they came from")
+    rows = []
+    for kind in ("mlp", "pre_qkv"):
+        for l in range(nl.n_layers if len(getattr(nl, kind)) else 0):
+            s = nl._spline(kind, l)
+            if s.extrapolate != "constant": raise ValueError(f"the lm-afs format extrapolates constantly; these {kind} splines extrapolate {s.extrapolate!r}")
+            a, b = (float(s.a.detach()), float(s.b.detach())) if kind == "pre_qkv" else (1.0, 0.0)
+            if (a, b) != (1.0, 0.0): raise ValueError(f"the lm-afs format has no place for the pre-QKV scalars; layer {l} has a={a:g}, b={b:g} (not 1, 0)")
+            rows.append(",".join(repr(float(k)) for k in s.knots.detach().cpu().float().numpy()))
+            rows.append(",".join(str(v) for v in s.values.detach().cpu().float().numpy()))
+    path = Path(path)
+    atomic_write(path, "\n".join(rows) + "\n")
+    return path
 
 # %% ../nbs/03_model.ipynb #41fd7cfc
 GATED = ("glu_spline", "swiglu")
@@ -401,10 +506,13 @@ class Block(nn.Module):
         self.attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attn_fn, alibi=cfg.pos == "alibi",
                                   dropout=cfg.dropout, bias=cfg.bias)
         self.mlp = MLP(cfg)
+        self.pre_qkv = cfg.pre_qkv_spline
     def forward(self, x, nl:Nonlinearities, padding_mask=None, detach_nl:bool=False):
         a_phi = nl.attn_phi(self.layer, detach_nl) if self.attn.attn_fn == "spline" else None
         m_phi = nl.mlp_phi(self.layer, detach_nl) if self.mlp.mlp_act in ("spline", "glu_spline") else None
-        x = x + self.attn(self.norm1(x), a_phi, padding_mask)
+        h = self.norm1(x)
+        if self.pre_qkv: h = nl.pre_qkv_phi(self.layer, detach_nl)(h)   # x + φ(a·x + b) before Q, K, V
+        x = x + self.attn(h, a_phi, padding_mask)
         return x + self.mlp(self.norm2(x), m_phi)
 
 # %% ../nbs/03_model.ipynb #2a1d28bf
@@ -496,9 +604,9 @@ def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlineariti
     if nl.n_layers != cfg.n_layers:
         raise ValueError(f"these nonlinearities are laid out for {nl.n_layers} layers, the model has {cfg.n_layers}; "
                          f"use nonlinearities.for_depth({cfg.n_layers})")
-    for kind in ("mlp", "attn"):
-        want, have = _spline_settings(cfg, kind), nl.settings[kind]
-        what = "MLP activation" if kind == "mlp" else "attention kernel"
+    for kind in ("mlp", "attn", "pre_qkv"):
+        want, have = _spline_settings(cfg, kind), nl.settings.get(kind)
+        what = {"mlp": "MLP activation", "attn": "attention kernel", "pre_qkv": "pre-QKV residual"}[kind]
         if want is None: continue
         if have is None: raise ValueError(f"the config asks for a spline {what} but these nonlinearities have none")
         for key in ("n_knots", "x_min", "x_max", "extrapolate"):
@@ -548,7 +656,7 @@ def n_params(self:Transformer,
 def summary(self:Transformer)->str:
     "One line that says what this model is."
     c, nl = self.cfg, self.nonlinearities
-    n_spl = len(nl.mlp) + len(nl.attn)
+    n_spl = len(nl.mlp) + len(nl.attn) + len(nl.pre_qkv)
     spl = f", {n_spl} spline{'s' * (n_spl != 1)} ({sum(p.numel() for p in nl.parameters())} values, {c.sharing}{', frozen' if nl.frozen else ''})" if n_spl else ""
     return (f"Transformer: {c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads, vocab {c.vocab_size}, "
             f"mlp {c.mlp_act}, attention {c.attn_fn}, pos {c.pos}; {self.n_params() / 1e6:.3f}M weights{spl}")

@@ -281,3 +281,27 @@ def test_reproduce_list_shows_every_experiment(capsys):
     out = capsys.readouterr().out
     for n in EXPERIMENTS: assert f"\n{n} " in "\n" + out or out.startswith(n), n
     assert "cells at cpu" in out
+
+
+# ---------------------------------------------------------------- issue 27: the authors' splines in the zoo's lm-afs namespace
+@pytest.mark.parametrize("name, counts, sharing", [("lm-afs/fineweb-mlp", (4, 0, 0), "per_layer"),
+                                                   ("lm-afs/fineweb-mlp-attn-shared", (1, 0, 1), "shared"),
+                                                   ("lm-afs/fineweb-mlp-attn", (4, 0, 4), "per_layer")])
+def test_lm_afs_splines_load_by_name(name, counts, sharing):
+    nl = load_learned(name)
+    assert (len(nl.mlp), len(nl.attn), len(nl.pre_qkv)) == counts and nl.sharing == sharing and nl.frozen
+    assert name in set(ex.peer_zoo().name)
+    from spline_transformers.widgets import find_splines   # the spline editor finds every one of them
+    assert len(find_splines(nl)) == sum(counts)
+
+
+def test_lm_afs_names_stay_in_their_table_and_files_are_checked(zoo_copy):
+    for bad in ["lm-afs/../add", "lm-afs/", "lm-afs/ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv"]:
+        with pytest.raises(ValueError, match="valid values"): load_learned(bad)
+    with pytest.raises(ValueError, match="not a plain file name"): load_learned("lm-afsx/fineweb-mlp")
+    f = zoo_copy / "lm-afs" / "ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv"
+    f.write_text(f.read_text().replace("0.01,", "0.02,", 1))
+    with pytest.raises(ValueError, match="SHA-256") as e: load_learned("lm-afs/fineweb-mlp")
+    assert "\n" not in str(e.value)
+    f.unlink()
+    with pytest.raises(FileNotFoundError, match="reinstall"): load_learned("lm-afs/fineweb-mlp")

@@ -537,3 +537,161 @@ def test_cleanings_keep_what_they_should():
     torch.testing.assert_close(symmetrise_values(even_plus_line, x), even_plus_line, atol=1e-5, rtol=0)
     cubic = symmetrise_values(x ** 3 / 50, x)
     torch.testing.assert_close(cubic.diff().diff(), torch.zeros(39), atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- issue 27: the authors' (lm-afs) splines and the pre-QKV spline
+from spline_transformers.model import read_afs_csv, write_afs_csv, PreQKVSpline
+import numpy as np
+from pathlib import Path
+
+AFS = Path(__file__).resolve().parents[1] / "spline_transformers" / "zoo" / "lm-afs"
+AFS_FILES = sorted(AFS.glob("*.csv"))
+
+
+def _afs_pairs(f):
+    "(anchors, values) float64 pairs parsed independently of the package."
+    lines = [l for l in f.read_text().splitlines() if l.strip()]
+    return [(np.array(a.split(","), dtype=np.float64), np.array(v.split(","), dtype=np.float64)) for a, v in zip(lines[0::2], lines[1::2])]
+
+
+def test_afs_files_are_shipped_with_their_licence():
+    assert len(AFS_FILES) == 3 and (AFS / "LICENSE").read_text().startswith("MIT License")
+    assert "idiap/lm-afs" in (AFS / "README.md").read_text()
+
+
+@pytest.mark.parametrize("f", AFS_FILES, ids=lambda f: f.stem)
+def test_afs_splines_evaluate_as_their_definition(f):
+    "Every spline of every file: the book's evaluation vs np.interp (linear, constant beyond the ends) on 10⁶ points over ±20."
+    nl, pairs = read_afs_csv(f), _afs_pairs(f)
+    splines = [nl.mlp_phi(l) for l in range(4)] + [nl.pre_qkv[nl.layout[l]] for l in range(4) if len(nl.pre_qkv)]
+    assert len(splines) == len(pairs) and len(pairs) in (4, 8)
+    x = torch.linspace(-20, 20, 1_000_000, dtype=torch.float64)
+    worst = 0.0
+    with torch.no_grad():
+        for s, (a, v) in zip(splines, pairs):
+            assert s.extrapolate == "constant" and (s.x_min, s.x_max, s.n_knots) == (-15.0, 15.0, 64)
+            err = np.abs(s(x).numpy() - np.interp(x.numpy(), a, v)).max() / np.abs(v).max()
+            worst = max(worst, err)
+            assert err <= 1e-6, err
+    print(f"{f.name}: largest error / largest |value| = {worst:.2e}")
+
+
+@pytest.mark.parametrize("f", AFS_FILES, ids=lambda f: f.stem)
+def test_afs_round_trips(f, tmp_path):
+    "Read then write their file: the same values (same text) and anchors within one float32 step; write then read: bit for bit."
+    nl = read_afs_csv(f)
+    out = write_afs_csv(nl, tmp_path / "out.csv")
+    theirs, ours = f.read_text().splitlines(), out.read_text().splitlines()
+    assert len(ours) == len(theirs) and ours[1::2] == theirs[1::2]
+    for a, b in zip(theirs[0::2], ours[0::2]):
+        assert np.abs(np.array(a.split(","), dtype=np.float64) - np.array(b.split(","), dtype=np.float64)).max() <= 1e-6
+    back = read_afs_csv(out)
+    assert back.sharing == nl.sharing
+    for (n, p), (m, q) in zip(nl.named_parameters(), back.named_parameters()):
+        assert n == m and torch.equal(p, q), n
+    # our learned splines (random values, per layer) survive write then read bit for bit
+    torch.manual_seed(0)
+    mine = Nonlinearities(4, "per_layer", mlp=dict(n_knots=64, init="gelu"), pre_qkv=dict(n_knots=64, init=0.01))
+    with torch.no_grad():
+        for s in list(mine.mlp) + list(mine.pre_qkv): s.values.mul_(torch.randn(64) * 37.3)
+    again = read_afs_csv(write_afs_csv(mine, tmp_path / "mine.csv"))
+    for a, b in zip(list(mine.mlp) + list(mine.pre_qkv), list(again.mlp) + list(again.pre_qkv)): assert torch.equal(a.values, b.values)
+
+
+def test_afs_refuses_uneven_anchors_and_bad_files(tmp_path):
+    lines = AFS_FILES[0].read_text().splitlines()
+    a = lines[2].split(","); a[10] = str(float(a[10]) + 0.01); bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines[:2] + [",".join(a)] + lines[3:]) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.csv, line 3: the anchors are not evenly spaced") as e: read_afs_csv(bad)
+    assert "\n" not in str(e.value)
+    bad.write_text("\n".join(lines[:5]) + "\n")
+    with pytest.raises(ValueError, match="5 lines"): read_afs_csv(bad)
+    bad.write_text("\n".join(lines[:3] + ["1,2,x"] + lines[4:]) + "\n")
+    with pytest.raises(ValueError, match="line 4: not a comma-separated"): read_afs_csv(bad)
+    with pytest.raises(ValueError, match="score-kernel"): write_afs_csv(Nonlinearities.from_config(CFG), tmp_path / "x.csv")
+    pq = read_afs_csv(AFS_FILES[-1])
+    with torch.no_grad(): pq.pre_qkv[0].a.fill_(2.0)
+    with pytest.raises(ValueError, match="pre-QKV scalars"): write_afs_csv(pq, tmp_path / "x.csv")
+
+
+PQ = replace(CFG, attn_fn="softmax", pos="learned", pre_qkv_spline=True, sharing="per_layer", mlp_init=0.01)
+
+
+def test_pre_qkv_spline_is_off_by_default_and_absent_from_to_dict():
+    assert "pre_qkv_spline" not in CFG.to_dict() and TransformerConfig.from_dict(CFG.to_dict()) == CFG
+    assert PQ.to_dict()["pre_qkv_spline"] is True and TransformerConfig.from_dict(PQ.to_dict()) == PQ
+    assert "pre_qkv" not in Nonlinearities.from_config(CFG).config()   # files saved without it keep their bytes
+    with pytest.raises(ValueError, match="pre_qkv_spline"): replace(CFG, pre_qkv_spline=1)
+
+
+def test_pre_qkv_spline_changes_the_model_as_its_formula_says():
+    "With φ = 0 and any a, b the model is the plain one; moving φ moves the logits; x + φ(a·x + b) is what a layer applies."
+    torch.manual_seed(0)
+    m = Transformer(PQ)
+    plain = Transformer(replace(PQ, pre_qkv_spline=False), nonlinearities=m.nonlinearities); plain.load_state_dict(m.state_dict(), strict=False)
+    x = torch.randint(0, PQ.vocab_size, (2, 7))
+    with torch.no_grad():
+        for s in m.nonlinearities.pre_qkv: s.values.zero_(); s.a.fill_(3.0); s.b.fill_(-1.0)
+        torch.testing.assert_close(m(x), plain(x), rtol=0, atol=0)
+        s = m.nonlinearities.pre_qkv[1]; s.values.copy_(torch.linspace(-2, 2, 64))
+        assert (m(x) - plain(x)).abs().max() > 1e-3
+        h = torch.randn(5, dtype=torch.float64)
+        want = h + torch.from_numpy(np.interp(3.0 * h.numpy() - 1.0, s.knots.double().numpy(), s.values.double().numpy()))
+        torch.testing.assert_close(m.nonlinearities.pre_qkv_phi(1)(h), want, rtol=0, atol=1e-6)
+
+
+def test_pre_qkv_spline_learns_values_and_scalars_and_detaches():
+    torch.manual_seed(0)
+    m = Transformer(PQ)
+    with torch.no_grad():   # a constant spline has slope 0, so a and b would get no gradient
+        for s in m.nonlinearities.pre_qkv: s.values.copy_(torch.randn(64))
+    x = torch.randint(0, PQ.vocab_size, (2, 7))
+    m(x).square().mean().backward()
+    for s in m.nonlinearities.pre_qkv:
+        assert s.values.grad.abs().sum() > 0 and s.a.grad is not None and s.a.grad != 0 and s.b.grad != 0
+    m.zero_grad(set_to_none=True)
+    m(x, detach="nonlinearities").square().mean().backward()
+    assert all(p.grad is None for p in m.nonlinearities.parameters())
+    assert m.load_nonlinearities(m.nonlinearities).nonlinearities.frozen   # Phase II: frozen
+
+
+@pytest.mark.parametrize("sharing", ["shared", "per_layer"])
+def test_pre_qkv_ensemble_equals_transformer(sharing):
+    "The batched Ensemble and a Transformer with the same weights and splines give identical logits and spline gradients."
+    cfg = replace(PQ, sharing=sharing)
+    ens = Ensemble(cfg, seeds=[1, 2])
+    with torch.no_grad():
+        for s in ens.nonlinearities.pre_qkv: s.values.copy_(torch.randn(64)); s.a.fill_(0.7); s.b.fill_(0.2)
+    x = torch.randint(0, cfg.vocab_size, (2, 3, 6))
+    le = ens(x)
+    for m in range(2):
+        t = ens.extract(m)
+        assert torch.equal(t(x[m]), le[m]), m
+    le[0].sum().backward()
+    g = [p.grad.clone() for p in ens.nonlinearities.parameters()]
+    ens.zero_grad(); ens.extract(0)(x[0]).sum().backward()
+    for a, b in zip(g, ens.nonlinearities.parameters()): torch.testing.assert_close(a, b.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_pre_qkv_saves_loads_and_old_files_still_load(tmp_path):
+    torch.manual_seed(0)
+    nl = Nonlinearities.from_config(PQ)
+    with torch.no_grad():
+        for s in nl.pre_qkv: s.values.copy_(torch.randn(64)); s.a.fill_(1.5); s.b.fill_(-0.25)
+    back = Nonlinearities.load(nl.save(tmp_path / "pq"))
+    for (n, p), (m, q) in zip(nl.named_parameters(), back.named_parameters()): assert n == m and torch.equal(p, q), n
+    deeper = nl.for_depth(4)
+    assert [s.a.item() for s in deeper.pre_qkv] == [1.5] * 4 and torch.equal(deeper.pre_qkv[3].values, nl.pre_qkv[1].values)
+    assert nl.config_for(replace(PQ, pre_qkv_spline=False)) == PQ
+    # a file written before the pre-QKV spline existed (the shipped zoo) loads, with none
+    old = Path(__file__).resolve().parents[1] / "spline_transformers" / "zoo" / "add-mlp-attn.safetensors"
+    o = Nonlinearities.load(old)
+    assert len(o.pre_qkv) == 0 and len(o.mlp) and "pre_qkv" not in o.config()
+    assert Nonlinearities.load(o.save(tmp_path / "old")).config() == o.config()
+    # the authors' attention splines load into a model with pre_qkv_spline=True
+    afs = read_afs_csv(AFS / "ptAf-optimizedMlpAtt-layerSpecific-phase1-step20000.csv")
+    cfg = afs.config_for(TransformerConfig(vocab_size=50, n_layers=4, d_model=16, n_heads=2, max_len=8))
+    assert cfg.pre_qkv_spline and cfg.mlp_act == "spline" and cfg.sharing == "per_layer"
+    t = Transformer(cfg).load_nonlinearities(afs)
+    assert t.nonlinearities.frozen and torch.isfinite(t(torch.randint(0, 50, (1, 8)))).all()
+    with pytest.raises(ValueError, match="pre-QKV residual"): Transformer(replace(cfg, mlp_act="gelu", n_knots=32), nonlinearities=afs)
