@@ -233,10 +233,10 @@ def standard_arch(arch:TransformerConfig)->TransformerConfig:
     "The standard transformer of `arch`: GeLU (or SwiGLU) MLP and softmax attention, all else equal."
     return replace(arch, mlp_act=STANDARD.get(arch.mlp_act, arch.mlp_act), attn_fn="softmax" if arch.attn_fn == "spline" else arch.attn_fn)
 
-def spline_arch(arch:TransformerConfig, mlp:bool=True, attn:bool=True)->TransformerConfig:
-    "`arch` with a learned spline as MLP activation and/or attention kernel."
+def spline_arch(arch:TransformerConfig, mlp:bool=True, attn:bool=True, pre_qkv:bool=False)->TransformerConfig:
+    "`arch` with a learned spline as MLP activation and/or attention kernel (and, with `pre_qkv`, the pre-QKV residual spline)."
     return replace(arch, mlp_act=("glu_spline" if arch.mlp_act in ("swiglu", "glu_spline") else "spline") if mlp else arch.mlp_act,
-                   attn_fn="spline" if attn else arch.attn_fn)
+                   attn_fn="spline" if attn else arch.attn_fn, pre_qkv_spline=True if pre_qkv else arch.pre_qkv_spline)
 
 # %% ../nbs/08_two_phase.ipynb #8bb5942e
 def _staggered_starts(n_models:int, steps:int)->list:
@@ -248,8 +248,8 @@ def _spline_copy(nl:Nonlinearities)->Nonlinearities:
     return nl.for_depth(nl.n_layers).cpu().freeze()
 
 def _check_spline_arch(arch:TransformerConfig):
-    if not (arch.mlp_spline or arch.attn_spline):
-        raise ValueError(f"Phase I learns splines, but this config has mlp_act={arch.mlp_act!r} and attn_fn={arch.attn_fn!r}; "
+    if not (arch.mlp_spline or arch.attn_spline or arch.pre_qkv_spline):
+        raise ValueError(f"Phase I learns splines, but this config has mlp_act={arch.mlp_act!r}, attn_fn={arch.attn_fn!r} and no pre_qkv_spline; "
                          "use mlp_act='spline' and/or attn_fn='spline' (e.g. spline_arch(arch))")
 
 def _phase1_optimizers(ens:Ensemble, cfg:TrainConfig, p1:Phase1Config)->tuple:
@@ -319,7 +319,7 @@ def _phase2(data, nonlinearities, arch, cfg, seeds, name, callbacks, resume)->Tr
     "Phase II into `cfg.checkpoint_dir` as it is (the public `phase2` puts each arm in its own subfolder first)."
     check_disjoint_seeds(seeds, nonlinearities)
     nl = as_nonlinearities(nonlinearities)
-    arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn))))
+    arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn)), pre_qkv=bool(len(nl.pre_qkv))))
     frozen = nl.for_depth(arch.n_layers).freeze()
     ens = Ensemble(arch, seeds=list(seeds), nonlinearities=frozen)
     return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)

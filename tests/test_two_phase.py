@@ -342,3 +342,18 @@ def test_demo_arm_processes_exchange_no_pickle(task, tmp_path):
         ref = tp._demo_arm(arm, c, source)
         pd.testing.assert_frame_equal(ref.metrics, r.metrics, check_exact=True)
         assert (r.steps, r.steps_run, r.config) == (ref.steps, ref.steps_run, ref.config) and r.wall_time > 0
+
+
+def test_pre_qkv_spline_learns_in_phase1_and_loads_frozen_in_phase2(task):
+    "Issue 27: the pre-QKV residual spline's values and scalars a, b learn in Phase I (shared by the M models) and Phase II uses them frozen."
+    from spline_transformers.splines import init_values
+    arch = replace(ARCH, mlp_act="gelu", attn_fn="softmax", pre_qkv_spline=True, mlp_init="gelu")
+    src = phase1(task, arch, tcfg(steps=3), Phase1Config(n_models=2, spline_lr=0.05))
+    nl = src.nonlinearities
+    assert (len(nl.mlp), len(nl.attn), len(nl.pre_qkv)) == (0, 0, 1)
+    s = nl.pre_qkv[0]
+    assert s.a.item() != 1.0 and s.b.item() != 0.0 and not torch.equal(s.values, init_values("gelu", s.knots))
+    p2 = phase2(task, src, replace(ARCH, mlp_act="gelu", attn_fn="softmax"), tcfg(), seeds=[0, 1])   # the arch need not say pre_qkv_spline
+    assert p2.model.cfg.pre_qkv_spline and p2.model.nonlinearities.frozen
+    for a, b in zip(nl.parameters(), p2.model.nonlinearities.parameters()): assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="pre_qkv_spline"): phase1(task, replace(arch, pre_qkv_spline=False), tcfg())
