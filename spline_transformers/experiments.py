@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
 __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPERIMENTS', 'CELL_FILES', 'MAX_BATCH', 'ZOO',
-           'ZOO_KEYS', 'PEER_ZOO', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells',
+           'PEER_ZOO', 'ZOO_KEYS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells',
            'transfer_source', 'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'batch_key',
            'run_cells', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register',
            'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance', 'attention_tail',
@@ -1346,6 +1346,14 @@ ZOO = {  # zoo name -> (experiment, Phase I run)
     "shakespeare-bpe": ("lm_shakespeare_bpe", "mlp_r0"), "code-bpe": ("lm_code_bpe", "mlp_r0"),
 }
 
+PEER_ZOO = {  # namespace -> {name: (file in zoo/<namespace>/, its SHA-256)}: splines learned by others' code, shipped with their licence
+    "lm-afs": {
+        "fineweb-mlp": ("ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv", "a9fdb9c8815d0549c1b2fda171f0c33698963db5b91ef8eaab25c2ff4c687f34"),
+        "fineweb-mlp-attn-shared": ("ptAf-optimizedMlpAtt-layerShared-phase1-step20000.csv", "9b90e385116f85b68bba3e69cb2ccd233fe353536a654f4daf4b7ca5da458e27"),
+        "fineweb-mlp-attn": ("ptAf-optimizedMlpAtt-layerSpecific-phase1-step20000.csv", "a12e74ed48e6a10bb29685378d4112480fbc7a028090b2d8f21ea3cd014050b4"),
+    },
+}
+
 ZOO_KEYS = {"experiment": str, "run": str, "size": str, "config_hash": str, "mlp": int, "attn": int, "sha256": str}  # each zoo.json entry
 
 def zoo_dir()->Path:
@@ -1426,17 +1434,10 @@ def update_zoo(
 # %% ../nbs/09_experiments.ipynb #c38b7042
 from .model import read_afs_csv
 
-PEER_ZOO = {  # namespace -> {name: (file in zoo/<namespace>/, its SHA-256)}: splines learned by others' code, shipped with their licence
-    "lm-afs": {
-        "fineweb-mlp": ("ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv", "a9fdb9c8815d0549c1b2fda171f0c33698963db5b91ef8eaab25c2ff4c687f34"),
-        "fineweb-mlp-attn-shared": ("ptAf-optimizedMlpAtt-layerShared-phase1-step20000.csv", "9b90e385116f85b68bba3e69cb2ccd233fe353536a654f4daf4b7ca5da458e27"),
-        "fineweb-mlp-attn": ("ptAf-optimizedMlpAtt-layerSpecific-phase1-step20000.csv", "a12e74ed48e6a10bb29685378d4112480fbc7a028090b2d8f21ea3cd014050b4"),
-    },
-}
-
 def _load_peer(name:str)->Nonlinearities:
     "A namespaced zoo entry (`namespace/name` of `PEER_ZOO`), checked against its recorded SHA-256, frozen."
     ns, _, item = name.partition("/")
+    check_option(ns, tuple(PEER_ZOO), "zoo namespace")
     check_option(item, tuple(PEER_ZOO[ns]), f"{ns} splines")
     fname, digest = PEER_ZOO[ns][item]
     f = zoo_dir() / ns / fname   # built from the table, never from the caller's text
