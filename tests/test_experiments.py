@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from spline_transformers import experiments as ex
 from spline_transformers.experiments import (EXPERIMENTS, SIZES, VERDICTS, Arm, Experiment, Phase1Run, Verdict, cells, decide,
@@ -287,12 +288,20 @@ def test_reproduce_list_shows_every_experiment(capsys):
 @pytest.mark.parametrize("name, counts, sharing", [("lm-afs/fineweb-mlp", (4, 0, 0), "per_layer"),
                                                    ("lm-afs/fineweb-mlp-attn-shared", (1, 0, 1), "shared"),
                                                    ("lm-afs/fineweb-mlp-attn", (4, 0, 4), "per_layer")])
-def test_lm_afs_splines_load_by_name(name, counts, sharing):
+def test_lm_afs_splines_load_by_name(name, counts, sharing, monkeypatch):
     nl = load_learned(name)
     assert (len(nl.mlp), len(nl.attn), len(nl.pre_qkv)) == counts and nl.sharing == sharing and nl.frozen
     assert name in set(ex.peer_zoo().name)
-    from spline_transformers.widgets import find_splines   # the spline editor finds every one of them
-    assert len(find_splines(nl)) == sum(counts)
+    monkeypatch.setenv("SPLINE_TRANSFORMERS_WIDGETS", "0")
+    from spline_transformers.widgets import SplineEditor   # the spline editor opens them and edits the values in place
+    ed = SplineEditor(nl)
+    assert len(ed.refs) == sum(counts)
+    last = list(ed.refs)[-1]; ed.select(last)
+    s = nl.pre_qkv[-1] if counts[2] else nl.mlp[-1]
+    before = s.values.clone()
+    ed.drag_knot(30, 5.0)
+    assert s.values[30].item() == 5.0 and torch.equal(s.values[:30], before[:30])
+    assert ed.undo() and torch.equal(s.values, before)
 
 
 def test_lm_afs_names_stay_in_their_table_and_files_are_checked(zoo_copy):
