@@ -152,8 +152,8 @@ static void fwd_run_avx2(const float* x, const float* vs, const float* ds, float
 }
 
 // The whole backward for a run of float32 elements in one pass, 8 at a time: locate once, write the input
-// gradient (slope table in registers), form the 8 (g, g f) float64 pairs and bin offsets in vector registers,
-// and add lane l's pair into sub-histogram l (lane l holds element q with q % 8 = l: the same sums, in the same
+// gradient (slope table in registers; gathered for K > 32), form the 8 (g, g f) float64 pairs and bin offsets
+// in vector registers, and add lane l's pair into sub-histogram l (lane l holds element q with q % 8 = l: the same sums, in the same
 // order, as the generic path). What is left per element is one 16-byte load-add-store.
 template <typename Tab, bool NEED_X, bool NEED_V>
 static void bwd_run_avx2(const float* g, const float* x, const float* sp, float* gx, double* hs, int64_t n, int K,
