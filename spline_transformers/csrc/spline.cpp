@@ -85,9 +85,10 @@ static void hist_add_block(const T* __restrict g, const int* __restrict idx, con
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// float32 with K <= 64 on AVX2 (and so on AVX-512 machines too): the knot tables live in registers, 8 floats
-// each, and a lookup is one vpermps per register plus a blend tree on the index bits. A memory gather
-// (vgatherdps, what the compiler makes of the generic loops) is several times slower on some CPUs (AMD Zen 3).
+// float32 on AVX2 (and so on AVX-512 machines too), any K: for K <= 32 the knot tables live in registers, 8
+// floats each, and a lookup is one vpermps per register plus a blend tree on the index bits. A memory gather
+// (vgatherdps, what the compiler makes of the generic loops) is several times slower than that on some CPUs
+// (AMD Zen 3); above 32 knots it is what is left.
 template <int NT>   // NT registers of 8 floats: K <= 8 * NT, NT in 1, 2, 4, 8
 struct Tab8 {
   __m256 r[NT];
@@ -106,7 +107,8 @@ struct Tab8 {
   inline __m256 operator()(__m256i i) const { return sub<0, NT>(i); }
 };
 
-struct Gather8 {   // the same lookup from memory (vgatherdps): what measured faster for K > 32 on AMD Zen 3
+struct Gather8 {   // the same lookup from memory (vgatherdps), for K > 32: written out, it measured faster on
+                  // AMD Zen 3 than the blend tree of eight registers or the compiler's vectorised plain loop
   const float* t;
   explicit Gather8(const float* t_) : t(t_) {}
   inline __m256 operator()(__m256i i) const { return _mm256_i32gather_ps(t, i, 4); }
@@ -128,10 +130,10 @@ static inline __m256i tail_mask8(int64_t n, int64_t q) {   // lanes q + l < n
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(r < 8 ? r : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-template <int NT>
+template <typename Tab>   // Tab8<NT> or Gather8
 static void fwd_run_avx2(const float* x, const float* vs, const float* ds, float* y, int64_t n, int K,
                          float x_min, float inv_h, bool linear) {
-  const Tab8<NT> V(vs), D(ds);
+  const Tab V(vs), D(ds);
   const __m256 vmin = _mm256_set1_ps(x_min), vinv = _mm256_set1_ps(inv_h), top = _mm256_set1_ps((float)(K - 1));
   const __m256i imax = _mm256_set1_epi32(K - 2);
   for (int64_t q = 0; q < n; q += 8) {
@@ -305,8 +307,10 @@ static void forward_impl(const T* x, const T* v, T* y, int64_t N, int K, int64_t
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr (std::is_same<T, float>::value) {
-        if (K <= 16) { fwd_run_avx2<2>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear); return; }
-        if (K <= 32) { fwd_run_avx2<4>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear); return; }
+        if (K <= 16) fwd_run_avx2<Tab8<2>>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        else if (K <= 32) fwd_run_avx2<Tab8<4>>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        else fwd_run_avx2<Gather8>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        return;
       }
 #endif
       fwd_run<T>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
@@ -343,7 +347,7 @@ static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv,
         double* hs = need_v ? hist.data() + 2 * s * K : nullptr;   // this spline's bins in sub-histogram 0
 #if defined(__AVX2__) && defined(__FMA__)
         if constexpr (std::is_same<T, float>::value) {
-          if (K <= 64 && SK <= (1 << 26)) {   // (offsets in int32)   // one fused pass: input gradient and lane-private histograms
+          if (SK <= (1 << 26)) {   // (offsets in int32)   // one fused pass: input gradient and lane-private histograms
             const float* sp = slp + s * KS;
             float* gxj = need_x ? gx + j0 : nullptr;
             if (K <= 16) bwd_run_avx2_any<Tab8<2>>(g + j0, x + j0, sp, gxj, hs, n0, K, x_min, inv_h, linear, sub_stride, need_x, need_v);
