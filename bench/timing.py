@@ -13,7 +13,7 @@ def user_process():
     "Set this process up as the package sets up a user's (call before importing torch); returns a line that says how."
     import spline_transformers.core as core
     return (f"process as a user gets it: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-            f"heap thresholds raised by the package: {core.MALLOC_TUNED}")
+            f"heap thresholds raised by the package: {core.MALLOC_TUNED}; package from {os.path.dirname(core.__file__)}")
 
 
 def add_timing_args(ap, rounds=15):
