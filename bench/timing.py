@@ -13,7 +13,7 @@ def user_process():
     "Set this process up as the package sets up a user's (call before importing torch); returns a line that says how."
     import spline_transformers.core as core
     return (f"process as a user gets it: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-            f"heap thresholds raised by the package: {core.MALLOC_TUNED}")
+            f"heap thresholds raised by the package: {core.MALLOC_TUNED}; package from {os.path.dirname(core.__file__)}")
 
 
 def add_timing_args(ap, rounds=15):
@@ -31,3 +31,18 @@ def start(a):
     CLOCK[0] = time.process_time if a.clock == "cpu" else time.perf_counter
     print(f"clock: {a.clock} time, {a.stat} of the rounds; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(user_process())
+
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "asimd", "sve")
+
+
+def cpu_line():
+    "The CPU model and which SIMD extensions it has (from /proc/cpuinfo), for the line above a table."
+    from spline_transformers.core import cpu_model
+    flags = set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith(("flags", "Features")): flags = set(line.split(":", 1)[1].split()); break
+    except OSError: pass
+    have = [f for f in SIMD_FLAGS if f in flags]
+    return f"CPU: {cpu_model()}, {os.cpu_count()} cores; SIMD: {' '.join(have) if have else 'unknown'}"

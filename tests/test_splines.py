@@ -485,3 +485,41 @@ def test_chapter_introduces_its_object_before_its_kernels(nb, first):
     assert names[0] == first, names[:3]
     assert "#include" not in src.split(first)[0]          # no C++ before the object
     assert src.index("## How it is made fast") > src.index(f"class {first}" if first[0].isupper() else f"def {first}")
+
+# ---- issue 25: determinism as a tested promise ----
+
+def _values_and_grads(x, w, v, ext, dim):
+    "Spline values, input gradient and keypoint gradient for upstream gradient `w`."
+    xx, vv = x.clone().requires_grad_(), v.clone().requires_grad_()
+    y = spline_eval(xx, vv, -4.0, 4.0, ext, dim=dim)
+    y.backward(w)
+    return y.detach(), xx.grad, vv.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape, S, dim, ext", [
+    ((7, 131, 97), 1, None, "constant"),     # sizes that no thread count divides
+    ((7, 131, 97), 1, None, "linear"),
+    ((3, 1, 1023), 1, None, "constant"),
+    ((16, 256, 512), 1, None, "constant"),   # (64, 256, 512) trimmed to 2 M elements: many chunks
+    ((16, 256, 512), 512, -1, "constant"),   # a bank of 512 splines along the last dim (runs of one element)
+    ((5, 40, 3001), 40, 1, "linear"),        # a bank along dim 1 (long runs)
+])
+def test_bitwise_deterministic_across_threads_and_runs(backend, shape, S, dim, ext, dtype):
+    "Values, input gradients and keypoint gradients (64 knots) are bitwise equal for 1, 2 and 4 threads and across runs."
+    g = torch.Generator().manual_seed(25)
+    x = (torch.randn(*shape, generator=g) * 2.5).to(dtype)
+    w = torch.randn(*shape, generator=g).to(dtype)
+    v = (torch.randn(64, generator=g) if S == 1 else torch.randn(S, 64, generator=g)).to(dtype)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 4, 1, 4, 2):   # each thread count twice, in a changing order
+            torch.set_num_threads(n)
+            runs.append((n, _values_and_grads(x, w, v, ext, dim)))
+    finally: torch.set_num_threads(before)
+    ref = runs[0][1]
+    assert torch.isfinite(ref[2]).all() and ref[2].abs().sum() > 0
+    for n, got in runs[1:]:
+        for what, a, b in zip(("value", "input gradient", "keypoint gradient"), ref, got):
+            assert torch.equal(a, b), f"{backend}: {what} differs between 1 and {n} threads ({shape}, {dtype}, S={S})"

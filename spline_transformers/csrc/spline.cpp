@@ -8,7 +8,8 @@
 #endif
 
 // A linear spline on K evenly spaced knots, evaluated on x viewed as (outer, S, inner): spline s on slice s.
-// Forward: one pass. Backward: one pass; value gradients go to per-thread histograms, then one reduction.
+// Forward: one pass. Backward: one pass; value gradients go to per-chunk histograms (fixed-size chunks of the
+// flat input, so the sums do not depend on the thread count), reduced in chunk order at the end.
 
 template <typename T>
 static inline void locate(T x, T x_min, T inv_h, int K, T& t, T& tc, int& i) {
@@ -42,30 +43,171 @@ static void fwd_run(const T* __restrict x, const T* __restrict vs, const T* __re
   }
 }
 
+// The generic backward for a block of elements that share one spline: one locate pass (vectorised by the
+// compiler) that writes the input gradient and each element's bin and fraction, then the scalar histogram adds.
 template <typename T>
-static void bwd_x_run(const T* __restrict g, const T* __restrict x, const T* __restrict ss, T* __restrict gx,
-                      int64_t n, int K, T x_min, T inv_h, bool linear) {
+static void bwd_locate_block(const T* __restrict g, const T* __restrict x, const T* __restrict ss, T* __restrict gx,
+                             int* __restrict idx, T* __restrict fr, int64_t n, int K, T x_min, T inv_h, bool linear,
+                             bool need_x, bool need_v) {
   const T top = T(K - 1);
-  for (int64_t q = 0; q < n; ++q) {
-    T t, tc; int i;
-    locate(x[q], x_min, inv_h, K, t, tc, i);
-    const T gq = g[q] * ss[i];
-    gx[q] = (linear | ((t >= T(0)) & (t < top)) | __builtin_isnan(x[q])) ? gq : T(0);   // NaN: segment 0, as in the other backends
-  }
-}
-
-template <typename T>
-static void bwd_locate_run(const T* __restrict x, int* __restrict idx, T* __restrict fr, int64_t n, int K,
-                           T x_min, T inv_h, bool linear) {
   for (int64_t q = 0; q < n; ++q) {
     T t, tc; int i; const T xv = x[q];
     locate(xv, x_min, inv_h, K, t, tc, i);
-    const T f = (linear ? t : tc) - (T)i;
-    idx[q] = i;
-    fr[q] = __builtin_isnan(xv) ? xv : f;
+    if (need_x) {
+      const T gq = g[q] * ss[i];
+      gx[q] = (linear | ((t >= T(0)) & (t < top)) | __builtin_isnan(xv)) ? gq : T(0);   // NaN: segment 0, as in the other backends
+    }
+    if (need_v) {
+      const T f = (linear ? t : tc) - (T)i;
+      idx[q] = i;
+      fr[q] = __builtin_isnan(xv) ? xv : f;
+    }
   }
 }
 
+constexpr int NSUB = 8;   // interleaved sub-histograms: element q of a run adds into sub-histogram q % 8
+
+// Add each element's (g, g f) pair, in float64, into bin idx of sub-histogram q % NSUB (sub u at hs + u * sub_stride).
+// A bin's add->add chain through memory is then NSUB elements long, so runs of equal bins do not stall on
+// store-to-load forwarding. The block starts at a multiple of NSUB within its run.
+template <typename T>
+static void hist_add_block(const T* __restrict g, const int* __restrict idx, const T* __restrict fr, double* hs,
+                           int64_t n, int64_t sub_stride) {
+  for (int64_t q = 0; q < n; ++q) {
+    double* p = hs + (q % NSUB) * sub_stride + 2 * idx[q];
+    const double gq = (double)g[q], fq = (double)fr[q];
+#if defined(__SSE2__)
+    _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_mul_pd(_mm_set1_pd(gq), _mm_set_pd(fq, 1.0))));
+#else
+    p[0] += gq; p[1] += gq * fq;
+#endif
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// float32 on AVX2 (and so on AVX-512 machines too), any K: for K <= 32 the knot tables live in registers, 8
+// floats each, and a lookup is one vpermps per register plus a blend tree on the index bits. A memory gather
+// (vgatherdps, what the compiler makes of the generic loops) is several times slower than that on some CPUs
+// (AMD Zen 3); above 32 knots it is what is left.
+template <int NT>   // NT registers of 8 floats: K <= 8 * NT, NT in 1, 2, 4, 8
+struct Tab8 {
+  __m256 r[NT];
+  explicit Tab8(const float* t) { for (int j = 0; j < NT; ++j) r[j] = _mm256_loadu_ps(t + 8 * j); }
+  // entries [8 lo, 8 (lo + n)): one vpermps per register (low 3 bits of i), then blends on bits 3, 4, 5 of i,
+  // evaluated depth first so that few registers are live (the tables of a K = 64 forward fill all 16)
+  template <int lo, int n>
+  inline __m256 sub(__m256i i) const {
+    if constexpr (n == 1) return _mm256_permutevar8x32_ps(r[lo], i);
+    else {
+      constexpr int bit = n == 2 ? 28 : n == 4 ? 27 : 26;   // bit 3, 4 or 5 of i, shifted to the sign bit
+      const __m256 a = sub<lo, n / 2>(i), b = sub<lo + n / 2, n / 2>(i);
+      return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(i, bit)));
+    }
+  }
+  inline __m256 operator()(__m256i i) const { return sub<0, NT>(i); }
+};
+
+struct Gather8 {   // the same lookup from memory (vgatherdps), for K > 32: written out, it measured faster on
+                  // AMD Zen 3 than the blend tree of eight registers or the compiler's vectorised plain loop
+  const float* t;
+  explicit Gather8(const float* t_) : t(t_) {}
+  inline __m256 operator()(__m256i i) const { return _mm256_i32gather_ps(t, i, 4); }
+};
+
+struct Loc8 { __m256 t, tc, fi; __m256i i; };
+
+static inline Loc8 locate8(__m256 x, __m256 x_min, __m256 inv_h, __m256 top, __m256i imax) {
+  Loc8 L;
+  L.t = _mm256_mul_ps(_mm256_sub_ps(x, x_min), inv_h);
+  L.tc = _mm256_min_ps(_mm256_max_ps(L.t, _mm256_setzero_ps()), top);   // max_ps(NaN, 0) = 0
+  L.i = _mm256_min_epi32(_mm256_cvttps_epi32(L.tc), imax);
+  L.fi = _mm256_cvtepi32_ps(L.i);
+  return L;
+}
+
+static inline __m256i tail_mask8(int64_t n, int64_t q) {   // lanes q + l < n
+  const int64_t r = n - q;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(r < 8 ? r : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <typename Tab>   // Tab8<NT> or Gather8
+static void fwd_run_avx2(const float* x, const float* vs, const float* ds, float* y, int64_t n, int K,
+                         float x_min, float inv_h, bool linear) {
+  const Tab V(vs), D(ds);
+  const __m256 vmin = _mm256_set1_ps(x_min), vinv = _mm256_set1_ps(inv_h), top = _mm256_set1_ps((float)(K - 1));
+  const __m256i imax = _mm256_set1_epi32(K - 2);
+  for (int64_t q = 0; q < n; q += 8) {
+    const bool full = n - q >= 8;
+    const __m256i m = full ? _mm256_set1_epi32(-1) : tail_mask8(n, q);
+    const __m256 xv = full ? _mm256_loadu_ps(x + q) : _mm256_maskload_ps(x + q, m);
+    const Loc8 L = locate8(xv, vmin, vinv, top, imax);
+    const __m256 lo = V(L.i), d = D(L.i);
+    __m256 r;
+    if (!linear) r = _mm256_fmadd_ps(_mm256_sub_ps(L.tc, L.fi), d, lo);
+    else {
+      r = _mm256_fmadd_ps(_mm256_sub_ps(L.t, L.fi), d, lo);
+      r = _mm256_blendv_ps(r, lo, _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_EQ_OQ));   // flat end stays flat
+    }
+    r = _mm256_blendv_ps(r, xv, _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q));                    // NaN in, NaN out
+    if (full) _mm256_storeu_ps(y + q, r); else _mm256_maskstore_ps(y + q, m, r);
+  }
+}
+
+// The whole backward for a run of float32 elements in one pass, 8 at a time: locate once, write the input
+// gradient (slope table in registers; gathered for K > 32), form the 8 (g, g f) float64 pairs and bin offsets
+// in vector registers, and add lane l's pair into sub-histogram l (lane l holds element q with q % 8 = l: the same sums, in the same
+// order, as the generic path). What is left per element is one 16-byte load-add-store.
+template <typename Tab, bool NEED_X, bool NEED_V>
+static void bwd_run_avx2(const float* g, const float* x, const float* sp, float* gx, double* hs, int64_t n, int K,
+                         float x_min, float inv_h, bool linear, int64_t sub_stride) {
+  const Tab Sl(sp);
+  const __m256 vmin = _mm256_set1_ps(x_min), vinv = _mm256_set1_ps(inv_h), top = _mm256_set1_ps((float)(K - 1));
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256i imax = _mm256_set1_epi32(K - 2);
+  const __m256i lanes = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)sub_stride));
+  alignas(32) int32_t off[8]; alignas(32) double pr[16];
+  for (int64_t q = 0; q < n; q += 8) {
+    const bool full = n - q >= 8;
+    const __m256i m = full ? _mm256_set1_epi32(-1) : tail_mask8(n, q);
+    const __m256 xv = full ? _mm256_loadu_ps(x + q) : _mm256_maskload_ps(x + q, m);
+    const __m256 gv = full ? _mm256_loadu_ps(g + q) : _mm256_maskload_ps(g + q, m);
+    const Loc8 L = locate8(xv, vmin, vinv, top, imax);
+    const __m256 nan = _mm256_cmp_ps(xv, xv, _CMP_UNORD_Q);
+    if (NEED_X) {
+      __m256 r = _mm256_mul_ps(gv, Sl(L.i));
+      if (!linear) r = _mm256_and_ps(r, _mm256_or_ps(_mm256_and_ps(_mm256_cmp_ps(L.t, zero, _CMP_GE_OQ),
+                                                                   _mm256_cmp_ps(L.t, top, _CMP_LT_OQ)), nan));
+      if (full) _mm256_storeu_ps(gx + q, r); else _mm256_maskstore_ps(gx + q, m, r);
+    }
+    if (!NEED_V) continue;
+    const __m256 f = _mm256_blendv_ps(_mm256_sub_ps(linear ? L.t : L.tc, L.fi), xv, nan);   // NaN in: NaN share
+    _mm256_store_si256((__m256i*)off, _mm256_add_epi32(lanes, _mm256_slli_epi32(L.i, 1)));
+    const __m256d g0 = _mm256_cvtps_pd(_mm256_castps256_ps128(gv)), g1 = _mm256_cvtps_pd(_mm256_extractf128_ps(gv, 1));
+    const __m256d r0 = _mm256_mul_pd(g0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+    const __m256d r1 = _mm256_mul_pd(g1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+    const __m256d a0 = _mm256_unpacklo_pd(g0, r0), b0 = _mm256_unpackhi_pd(g0, r0);   // pairs of lanes 0, 2 | 1, 3
+    const __m256d a1 = _mm256_unpacklo_pd(g1, r1), b1 = _mm256_unpackhi_pd(g1, r1);   // lanes 4, 6 | 5, 7
+    _mm256_store_pd(pr, _mm256_permute2f128_pd(a0, b0, 0x20));
+    _mm256_store_pd(pr + 4, _mm256_permute2f128_pd(a0, b0, 0x31));
+    _mm256_store_pd(pr + 8, _mm256_permute2f128_pd(a1, b1, 0x20));
+    _mm256_store_pd(pr + 12, _mm256_permute2f128_pd(a1, b1, 0x31));
+    if (full) {
+#pragma GCC unroll 8
+      for (int l = 0; l < 8; ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
+    } else {
+      for (int l = 0; l < (int)(n - q); ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
+    }
+  }
+}
+
+template <typename Tab>
+static void bwd_run_avx2_any(const float* g, const float* x, const float* sp, float* gx, double* hs, int64_t n, int K,
+                             float x_min, float inv_h, bool linear, int64_t sub_stride, bool need_x, bool need_v) {
+  if (need_x && need_v) bwd_run_avx2<Tab, true, true>(g, x, sp, gx, hs, n, K, x_min, inv_h, linear, sub_stride);
+  else if (need_x) bwd_run_avx2<Tab, true, false>(g, x, sp, gx, hs, n, K, x_min, inv_h, linear, sub_stride);
+  else if (need_v) bwd_run_avx2<Tab, false, true>(g, x, sp, gx, hs, n, K, x_min, inv_h, linear, sub_stride);
+}
+#endif
 
 #if defined(__AVX512F__)
 // float32 with K <= 128 on AVX-512: the knot tables live in registers and a lookup is one to four
@@ -127,55 +269,6 @@ static void fwd_run_avx(const float* x, const float* vpad, const float* dpad, fl
   }
 }
 
-static inline __m256 hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }   // lanes 8-15
-
-// The whole backward for a run of float32 elements in one pass, 16 at a time: locate once, write the input
-// gradient (slope table in registers), and add each element's (g, g f) pair into the histograms of its lane.
-// Lane l of an even vector adds into the sub-histogram at lane_off[l], of an odd vector at lane_off[16 + l]
-// (32 distinct copies while they fit in L1: lane-private), so neighbouring elements that land in the same bin
-// never wait on one another's store; the pairs and the bin offsets are computed 16 at a time in vector
-// registers, leaving one load-add-store of a double pair per element.
-template <int NP>
-static void bwd_run_avx(const float* g, const float* x, const float* spad, float* gx, int64_t n, int K,
-                        float x_min, float inv_h, bool linear, bool need_x, bool need_v, double* hs,
-                        const int32_t* lane_off) {
-  const RegTable<NP> Sl(spad);
-  const __m512 vmin = _mm512_set1_ps(x_min), vinv = _mm512_set1_ps(inv_h), top = _mm512_set1_ps((float)(K - 1));
-  const __m512i imax = _mm512_set1_epi32(K - 2);
-  const __m512i lanes0 = _mm512_loadu_si512((const void*)lane_off), lanes1 = _mm512_loadu_si512((const void*)(lane_off + 16));
-  bool odd = false;   // even and odd vectors use different sub-histograms: a bin's chain is 32 elements long
-  const __m512i ilo = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), ihi = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
-  alignas(64) int32_t off[16]; alignas(64) double pr[32];
-  for (int64_t q = 0; q < n; q += 16) {
-    const __mmask16 m = tail_mask(n, q);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + q), gv = _mm512_maskz_loadu_ps(m, g + q);
-    const Loc16 L = locate16(xv, vmin, vinv, top, imax);
-    if (need_x) {
-      __mmask16 keep = m;
-      if (!linear) keep &= (_mm512_cmp_ps_mask(L.t, _mm512_setzero_ps(), _CMP_GE_OQ) & _mm512_cmp_ps_mask(L.t, top, _CMP_LT_OQ))
-                           | _mm512_cmp_ps_mask(L.t, L.t, _CMP_UNORD_Q);
-      _mm512_mask_storeu_ps(gx + q, m, _mm512_maskz_mul_ps(keep, gv, Sl(L.i)));
-    }
-    if (!need_v) continue;
-    __m512 f = _mm512_sub_ps(linear ? L.t : L.tc, L.fi);
-    f = _mm512_mask_mov_ps(f, _mm512_cmp_ps_mask(xv, xv, _CMP_UNORD_Q), xv);           // NaN in: NaN share
-    _mm512_store_si512((__m512i*)off, _mm512_add_epi32(odd ? lanes1 : lanes0, _mm512_slli_epi32(L.i, 1)));
-    odd = !odd;
-    const __m512d g0 = _mm512_cvtps_pd(_mm512_castps512_ps256(gv)), g1 = _mm512_cvtps_pd(hi8(gv));
-    const __m512d r0 = _mm512_mul_pd(g0, _mm512_cvtps_pd(_mm512_castps512_ps256(f)));
-    const __m512d r1 = _mm512_mul_pd(g1, _mm512_cvtps_pd(hi8(f)));
-    _mm512_store_pd(pr, _mm512_permutex2var_pd(g0, ilo, r0));        // (g, g f) of lanes 0-3
-    _mm512_store_pd(pr + 8, _mm512_permutex2var_pd(g0, ihi, r0));    // lanes 4-7
-    _mm512_store_pd(pr + 16, _mm512_permutex2var_pd(g1, ilo, r1));   // lanes 8-11
-    _mm512_store_pd(pr + 24, _mm512_permutex2var_pd(g1, ihi, r1));   // lanes 12-15
-    if (n - q >= 16) {
-#pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
-    } else {
-      for (int l = 0; l < (int)(n - q); ++l) { double* p = hs + off[l]; _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_load_pd(pr + 2 * l))); }
-    }
-  }
-}
 #endif
 
 // Iterate over [begin, end) of x viewed as (outer, S, inner), calling fn(start, count, s) per run of one spline.
@@ -212,10 +305,21 @@ static void forward_impl(const T* x, const T* v, T* y, int64_t N, int K, int64_t
         if (K <= 128) { fwd_run_avx<4>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear); return; }
       }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+      if constexpr (std::is_same<T, float>::value) {
+        if (K <= 16) fwd_run_avx2<Tab8<2>>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        else if (K <= 32) fwd_run_avx2<Tab8<4>>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        else fwd_run_avx2<Gather8>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
+        return;
+      }
+#endif
       fwd_run<T>(x + j, vs, ds, y + j, n, K, x_min, inv_h, linear);
     });
   });
 }
+
+// The backward's unit of work: a fixed-size chunk of the flat input, whatever the thread count.
+static int64_t chunk_size(int64_t SK) { return std::max<int64_t>(32768, (16 * SK + 63) / 64 * 64); }
 
 template <typename T>
 static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv, int64_t N, int K, int64_t S,
@@ -227,68 +331,59 @@ static void backward_impl(const T* g, const T* x, const T* v, T* gx, double* gv,
     for (int k = 0; k < K - 1; ++k) sl[s * KS + k] = (v[s * K + k + 1] - v[s * K + k]) * inv_h;
   const T* slp = sl.data();
   const int64_t SK = S * K;
-  const int nt = at::get_num_threads();
-  // NSUB interleaved sub-histograms per thread break the add->add dependency chains on hot bins: 32 (one per
-  // vector lane, for even and odd vectors) while they fit in the L1 cache (S K <= 64: 32 KiB a thread), 16 while
-  // they fit in L2 (S K <= 512: 128 KiB), else 4
-  constexpr int NSUB_LOOP = 4;                        // the scalar loop's interleave (it uses subs 0..3)
-  const int NSUB = SK <= 64 ? 32 : SK <= 512 ? 16 : NSUB_LOOP;
-  constexpr int64_t BLOCK = 2048;
-  const size_t per_thread = (size_t)NSUB * 2 * SK;   // [sub][SK][total, right]
-  int32_t lane_off[32];                               // sub-histogram of lane l (even vectors) and 16 + l (odd), in doubles
-  for (int l = 0; l < 32; ++l) lane_off[l] = (int32_t)((l % NSUB) * 2 * SK);
-  std::vector<double> hist(need_v ? (size_t)nt * per_thread : 0, 0.0);
-  at::parallel_for(0, N, 16384, [&](int64_t begin, int64_t end) {
-    double* h = need_v ? hist.data() + (size_t)at::get_thread_num() * per_thread : nullptr;
-    int idx[BLOCK]; T fr[BLOCK];
-    for_runs(begin, end, S, inner, [&](int64_t j0, int64_t n0, int64_t s) {
-      for (int64_t b = 0; b < n0; b += BLOCK) {
-        const int64_t j = j0 + b, n = std::min(BLOCK, n0 - b);
-#if defined(__AVX512F__)
+  // Deterministic: the input is cut into chunks of C elements (C depends on S K only). Each chunk's sums go, in
+  // element order, into NSUB sub-histograms (element q of a run into sub q % NSUB), are added up in sub order
+  // into the chunk's own row of `part`, and the rows are added in chunk order at the end. Which thread runs a
+  // chunk changes nothing; no atomics.
+  const int64_t C = chunk_size(SK), nchunks = N > 0 ? (N + C - 1) / C : 0;
+  const int64_t sub_stride = 2 * SK;                  // hist is [sub][S K][total, right]
+  std::vector<double> part(need_v ? (size_t)nchunks * 2 * SK : 0);
+  constexpr int64_t BLOCK = 1024;
+  at::parallel_for(0, nchunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<double> hist(need_v ? (size_t)NSUB * sub_stride : 0, 0.0);
+    std::vector<int> idx(BLOCK); std::vector<T> fr(BLOCK);
+    for (int64_t c = c0; c < c1; ++c) {
+      for_runs(c * C, std::min(N, (c + 1) * C), S, inner, [&](int64_t j0, int64_t n0, int64_t s) {
+        double* hs = need_v ? hist.data() + 2 * s * K : nullptr;   // this spline's bins in sub-histogram 0
+#if defined(__AVX2__) && defined(__FMA__)
         if constexpr (std::is_same<T, float>::value) {
-          if (K <= 128) {   // one fused pass: input gradient and lane-private histograms
+          if (SK <= (1 << 26)) {   // (offsets in int32)   // one fused pass: input gradient and lane-private histograms
             const float* sp = slp + s * KS;
-            float* gxj = need_x ? gx + j : nullptr;
-            double* hs = need_v ? h + 2 * s * K : nullptr;
-            if (K <= 32) bwd_run_avx<1>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
-            else if (K <= 64) bwd_run_avx<2>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
-            else bwd_run_avx<4>(g + j, x + j, sp, gxj, n, K, x_min, inv_h, linear, need_x, need_v, hs, lane_off);
-            continue;
+            float* gxj = need_x ? gx + j0 : nullptr;
+            if (K <= 16) bwd_run_avx2_any<Tab8<2>>(g + j0, x + j0, sp, gxj, hs, n0, K, x_min, inv_h, linear, sub_stride, need_x, need_v);
+            else if (K <= 32) bwd_run_avx2_any<Tab8<4>>(g + j0, x + j0, sp, gxj, hs, n0, K, x_min, inv_h, linear, sub_stride, need_x, need_v);
+            else bwd_run_avx2_any<Gather8>(g + j0, x + j0, sp, gxj, hs, n0, K, x_min, inv_h, linear, sub_stride, need_x, need_v);
+            return;
           }
         }
 #endif
-        if (need_x) bwd_x_run<T>(g + j, x + j, slp + s * KS, gx + j, n, K, x_min, inv_h, linear);
-        if (need_v) bwd_locate_run<T>(x + j, idx, fr, n, K, x_min, inv_h, linear);
-        if (!need_v) continue;
-        const T* gj = g + j;
-        double* hs = h + 2 * s * K;   // this spline's bins in sub-histogram 0; sub u is at + u * 2 * SK
-        int64_t q = 0;
-        for (; q + NSUB_LOOP <= n; q += NSUB_LOOP) {
-          for (int u = 0; u < NSUB_LOOP; ++u) {   // (total, right) pairs: one 128-bit load-fma-store per element
-            double* p = hs + (size_t)u * 2 * SK + 2 * idx[q + u];
-            const double gq = (double)gj[q + u], fq = (double)fr[q + u];
-#if defined(__SSE2__)
-            _mm_storeu_pd(p, _mm_add_pd(_mm_loadu_pd(p), _mm_mul_pd(_mm_set1_pd(gq), _mm_set_pd(fq, 1.0))));
-#else
-            p[0] += gq; p[1] += gq * fq;
-#endif
-          }
+        for (int64_t b = 0; b < n0; b += BLOCK) {   // BLOCK is a multiple of NSUB: q % NSUB is the same in the block
+          const int64_t j = j0 + b, n = std::min(BLOCK, n0 - b);
+          bwd_locate_block<T>(g + j, x + j, slp + s * KS, need_x ? gx + j : nullptr, idx.data(), fr.data(), n, K,
+                              x_min, inv_h, linear, need_x, need_v);
+          if (need_v) hist_add_block<T>(g + j, idx.data(), fr.data(), hs, n, sub_stride);
         }
-        for (; q < n; ++q) { double* p = hs + 2 * idx[q]; const double gq = (double)gj[q]; p[0] += gq; p[1] += gq * (double)fr[q]; }
+      });
+      if (need_v) {   // the chunk's row: its sub-histograms added in sub order; then clear them for the next chunk
+        double* row = part.data() + (size_t)c * 2 * SK;
+        for (int64_t k = 0; k < 2 * SK; ++k) row[k] = hist[k];
+        for (int u = 1; u < NSUB; ++u)
+          for (int64_t k = 0; k < 2 * SK; ++k) row[k] += hist[(size_t)u * sub_stride + k];
+        std::fill(hist.begin(), hist.end(), 0.0);
       }
-    });
-  });
-  if (need_v) {
-    for (int64_t k = 0; k < SK; ++k) {
-      double tsum = 0.0, rsum = 0.0;
-      for (int th = 0; th < nt; ++th)
-        for (int sub = 0; sub < NSUB; ++sub) {
-          const double* base = hist.data() + (size_t)th * per_thread + (size_t)sub * 2 * SK;
-          tsum += base[2 * k]; rsum += base[2 * k + 1];
-        }
-      gv[k] += tsum - rsum;                       // (1 - f) share to the left knot
-      if ((k % K) + 1 < K) gv[k + 1] += rsum;     // f share to the right knot
     }
+  });
+  if (!need_v) return;
+  std::vector<double> sums(2 * SK, 0.0);   // (total, right) of each bin: the chunks' rows added in chunk order
+  at::parallel_for(0, 2 * SK, 512, [&](int64_t k0, int64_t k1) {
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const double* row = part.data() + (size_t)c * 2 * SK;
+      for (int64_t k = k0; k < k1; ++k) sums[k] += row[k];
+    }
+  });
+  for (int64_t k = 0; k < SK; ++k) {
+    gv[k] += sums[2 * k] - sums[2 * k + 1];              // (1 - f) share to the left knot
+    if ((k % K) + 1 < K) gv[k + 1] += sums[2 * k + 1];   // f share to the right knot
   }
 }
 
