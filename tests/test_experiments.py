@@ -281,3 +281,22 @@ def test_reproduce_list_shows_every_experiment(capsys):
     out = capsys.readouterr().out
     for n in EXPERIMENTS: assert f"\n{n} " in "\n" + out or out.startswith(n), n
     assert "cells at cpu" in out
+
+
+def test_steps_figure_shows_every_seed():
+    "Issue 28 (11): seeds that reached the threshold at the same step are drawn apart (as many positions as seeds), hover names the seed."
+    r = ex.load_result("add")
+    fig = ex.steps_figure(r)
+    ps = pd.DataFrame(r["summary"]["per_seed"])
+    pts = [(x, y) for t in fig.data for x, y in zip(t.x, t.y)]
+    assert len(pts) == len(ps) and len(set(pts)) == len(ps), f"{len(set(pts))} distinct positions for {len(ps)} seeds"
+    for arm, g in ps.groupby("arm"):
+        seeds = sorted(int(c[0]) for t in fig.data if t.legendgroup == arm for c in t.customdata)
+        assert seeds == sorted(g.seed.astype(int)), (arm, seeds)
+    assert all("seed %{customdata[0]}" in t.hovertemplate for t in fig.data)
+    # a tie is spread within its arm's row, and the rows stay in the registry's order
+    ys = {t.legendgroup: [float(y) for y in t.y] for t in fig.data if not t.name.endswith("never")}
+    for i, arm in enumerate(ex._arm_order(r)): assert all(abs(y - i) < 0.5 for y in ys[arm]), (arm, ys[arm])
+    assert list(fig.layout.yaxis.ticktext) == ex._arm_order(r)
+    assert ex._swarm([5, 5, 5, 9], tol=0.5, gap=0.1) == pytest.approx([-0.1, 0.0, 0.1, 0.0])
+
