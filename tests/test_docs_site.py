@@ -172,3 +172,23 @@ def test_table_cells_have_padding(layout):
 def test_figures_titles_and_labels_are_readable(layout):
     "Titles clear the toolbar; no two texts of a figure overlap; no text or point label is cut off by the figure or its axes."
     assert not layout["figures"], _report(layout["figures"])
+
+
+NARROW = [({"width": w, "height": 900}, False) for w in (992, 1000, 1100)] + [({"width": 900, "height": 900}, True)]
+
+
+def test_two_phase_titles_fit_narrow_windows(site, browser):
+    """Issue 28 (7): between 992 and 1100 px the sidebar stays docked and the text column is at its narrowest (about 360 px);
+    below, at 900 px, the sidebar opens over the page. In both, no figure title of chapter 08 is cut by the figure's edge."""
+    problems = []
+    with serve(site) as base:
+        for viewport, open_sidebar in NARROW:
+            page, _, _ = open_page(browser, f"{base}/two_phase.html", viewport=viewport)
+            n = len(re.findall(r"Plotly\.newPlot\(", (site / "two_phase.html").read_text()))
+            if n: page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=20000)
+            if open_sidebar: page.locator(".quarto-btn-toggle").first.click()
+            page.wait_for_timeout(800)
+            problems += [f"{viewport['width']} px{' (sidebar open)' if open_sidebar else ''}: {p}" for p in figure_layout(page)
+                         if "cut off by the edge" in p or "under the toolbar" in p]
+            page.context.close()
+    assert not problems, "\n".join(problems)
