@@ -300,3 +300,22 @@ def test_steps_figure_shows_every_seed():
     assert list(fig.layout.yaxis.ticktext) == ex._arm_order(r)
     assert ex._swarm([5, 5, 5, 9], tol=0.5, gap=0.1) == pytest.approx([-0.1, 0.0, 0.1, 0.0])
 
+
+def test_findings_html_is_a_table_to_read():
+    "Issue 28 (9): the findings table for a reader: whole claims, numbers in the paper's units, links to chapter pages, no index."
+    import html, re
+    from spline_transformers.report import findings_html, estimate_text, chapter_page
+    assert estimate_text("speedup", 1.5, 1.36, None) == "speed-up 1.5× [1.36×, ∞]"
+    assert estimate_text("final_test", -0.00703, -0.0812, 0.0672) == "−0.7 pp test accuracy [−8.1, +6.7]"
+    assert estimate_text("final_ood", 0.0187, -0.00782, 0.0445) == "+1.9 pp OOD accuracy [−0.8, +4.5]"
+    assert estimate_text("diagonal", 0.5, 0.5, 0.5) == "diagonal best in 50% of targets"
+    with pytest.raises(ValueError, match="unknown statistic"): estimate_text("loss", 1, 0, 2)
+    f = ex.findings_table()
+    heads = {n: json.loads((ex.results_dir() / n / "summary.json").read_text())["verdicts"][0] for n in f.experiment}
+    t = findings_html(f, heads)
+    text = html.unescape(re.sub(r"<[^>]+>", "", t))
+    for n, e in EXPERIMENTS.items(): assert e.claim in text, n
+    assert "..." not in text and "final_test" not in text
+    assert re.findall(r'<a href="([^"]+)"', t) == [chapter_page(c) for c in f.chapter if c]
+    assert all((ROOT / "nbs" / f"{c}.ipynb").is_file() for c in f.chapter if c)
+    assert t.count("<tr>") == len(f) + 1 and "<th></th>" not in t
