@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #fa73cd59
 from __future__ import annotations
-import hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, tempfile, threading, time, warnings
+import hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, sysconfig, tempfile, threading, time, warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Union
@@ -384,18 +384,21 @@ def cpp_extension_name(
     source:str, # C++ source
     flags:list=CPP_FLAGS, # compiler flags
 )->str:
-    "`prefix` plus a hash of all that changes the build: source, flags, compiler, torch (version and folder), interpreter, CPU."
+    "`prefix` plus a hash of all that changes the build: source, flags, compiler, torch (version and folder), Python (version, environment), CPU."
     cpu = platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("model name", "flags")): cpu += line
     except OSError: pass
-    key = "\n".join([source, " ".join(flags), os.environ.get("CXX", "c++"), torch.__version__, str(Path(torch.__file__).parent),
-                     sys.executable, sys.version, cpu])
+    # The environment is its folder (`sys.prefix`) and its Python's version and headers, never the path the interpreter
+    # was started by: `python`, `python3` and `/abs/venv/bin/python3.11` of one venv share one build.
+    env = [str(Path(sys.prefix).resolve()), sys.version, sysconfig.get_paths().get("include", "")]
+    key = "\n".join([source, " ".join(flags), os.environ.get("CXX", "c++"), torch.__version__,
+                     str(Path(torch.__file__).parent.resolve()), *env, cpu])
     return prefix + hashlib.sha1(key.encode()).hexdigest()[:12]
 
 def build_cpp_extension(
-    prefix:str, # extension name prefix; a hash of source, flags, torch version, interpreter and CPU is appended
+    prefix:str, # extension name prefix; a hash of source, flags, torch, Python environment and CPU is appended
     source:str, # C++ source (with the pybind11 bindings generated from `functions`)
     functions:list, # names of the functions to bind
     flags:list=CPP_FLAGS, # compiler flags (OpenMP is always linked)

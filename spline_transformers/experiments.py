@@ -1210,21 +1210,37 @@ def curves_figure(
                            yaxis_title=f"{split} {metric}")
     return fig
 
+def _swarm(xs, tol:float, gap:float)->list:
+    "Vertical offsets that set apart points closer than `tol` in x (a beeswarm): `gap` apart, centred, in the order given."
+    xs = [float(x) for x in xs]; out = [0.0] * len(xs); group = []
+    for i in sorted(range(len(xs)), key=lambda i: xs[i]) + [None]:
+        if i is not None and group and xs[i] - xs[group[0]] <= tol: group.append(i); continue
+        for j, g in enumerate(sorted(group)): out[g] = (j - (len(group) - 1) / 2) * gap
+        group = [i]
+    return out
+
 def steps_figure(result:dict, title:Optional[str]=None)->go.Figure:
-    "Each seed's steps to the threshold per arm (a seed that never reached it is drawn at the right edge, hollow)."
+    "Each seed's steps to the threshold per arm, every seed visible: seeds at the same step are set apart vertically (a seed that never reached it is drawn at the right edge, hollow)."
     ps = pd.DataFrame(result["summary"]["per_seed"]); s = result["summary"]
     cap = float(result["metrics"].step.max()) * 1.05
-    fig = go.Figure()
-    for arm in _arm_order(result):
-        g = ps[ps.arm == arm]
-        reached = g[g.reached]; never = g[~g.reached]
-        fig.add_scatter(x=reached.steps, y=[arm] * len(reached), mode="markers", marker=dict(size=10), name=arm, legendgroup=arm,
-                        text=[f"seed {x}" for x in reached.seed])
-        if len(never):
-            fig.add_scatter(x=[cap] * len(never), y=[arm] * len(never), mode="markers", marker=dict(size=10, symbol="circle-open", color="grey"),
-                            name=f"{arm}: never", legendgroup=arm, showlegend=False, text=[f"seed {x}: never" for x in never.seed])
+    arms, fig = _arm_order(result), go.Figure()
+    most = max([1] + [int(n) for n in ps.assign(x=ps.steps.where(ps.reached, cap)).groupby(["arm", "x"]).size()])
+    gap = min(0.8 / max(most - 1, 1), 0.2)       # the largest tie fills at most 80% of its arm's row
+    for i, arm in enumerate(arms):
+        g = ps[ps.arm == arm].sort_values("seed")
+        x = g.steps.where(g.reached, cap).astype(float).tolist()
+        y = [i + d for d in _swarm(x, tol=cap / 100, gap=gap)]
+        for keep, sym, col, say in ((g.reached.to_numpy(), "circle", None, "{} steps"), (~g.reached.to_numpy(), "circle-open", "grey", "never reached")):
+            if not keep.any(): continue
+            pick = lambda v: [a for a, k in zip(v, keep) if k]
+            fig.add_scatter(x=pick(x), y=pick(y), mode="markers", marker=dict(size=9, symbol=sym, **({"color": col} if col else {})),
+                            name=arm if sym == "circle" else f"{arm}: never", legendgroup=arm, showlegend=False,
+                            customdata=[[int(sd), say.format(f"{v:.0f}")] for sd, v in zip(pick(g.seed), pick(x))],
+                            hovertemplate=f"{arm}, seed %{{customdata[0]}}: %{{customdata[1]}}<extra></extra>")
+    row = max(45, 11 * most / 0.8)                # pixels per arm: a tie of `most` seeds, 11 px apart
     fig.update_layout(title=title or f"{s['title']}: steps to {s['threshold']:.0%} test accuracy, one dot per seed (hollow: never reached)",
-                      xaxis_title="steps", showlegend=False, height=140 + 45 * len(_arm_order(result)))
+                      xaxis_title="steps", showlegend=False, height=int(140 + row * len(arms)),
+                      yaxis=dict(tickvals=list(range(len(arms))), ticktext=arms, range=[-0.6, len(arms) - 0.4], zeroline=False))
     return fig
 
 def learned_splines(result:dict)->dict:

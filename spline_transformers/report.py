@@ -6,13 +6,14 @@ Docs: https://spline-transformers.github.io/spline_transformers/report.html.md""
 
 # %% ../nbs/09a_report.ipynb #376e5244
 from __future__ import annotations
-import datetime, html, math, platform
+import datetime, html, math, platform, re
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 # %% auto #0
 __all__ = ['PAGE_STYLE', 'Report', 'verdict', 'seed_table', 'learned_parts', 'cost_lines', 'arch_line', 'train_line',
-           'demo_report', 'phase1_report', 'comparison_report', 'transfer_report']
+           'demo_report', 'phase1_report', 'comparison_report', 'transfer_report', 'chapter_page', 'estimate_text',
+           'findings_html']
 
 # %% ../nbs/09a_report.ipynb #8a6a6cc1
 import numpy as np
@@ -286,3 +287,52 @@ def transfer_report(
         if m.size and np.isfinite(m.to_numpy(dtype=float)).any():
             rep.heading(which.replace("_", " ")).figure(tm.heatmap(which)).table(m.reset_index())
     return rep.save(path)
+
+# %% ../nbs/09a_report.ipynb #d1e97626
+def chapter_page(
+    chapter:str, # a chapter's notebook name without `.ipynb`, e.g. "12a_language"
+)->str:
+    "The page of a chapter on the site: its notebook's name without the number (`11_add` → `add.html`)."
+    return re.sub(r"^[0-9]+[a-z]?_", "", chapter) + ".html"
+
+def _x(v)->float: return math.inf if v is None else float(v)
+
+def estimate_text(
+    statistic:str, # a registered verdict's statistic: "speedup", "final_test", "final_ood" or "diagonal"
+    estimate, # the estimate (None: infinite)
+    low=None, # lower end of its 95% interval (None: infinite)
+    high=None, # upper end (None: infinite)
+)->str:
+    "A headline estimate in the paper's units: a speed-up as ×, an accuracy difference in percentage points, a transfer matrix's diagonal as a share of targets."
+    if statistic == "diagonal": return f"diagonal best in {_x(estimate):.0%} of targets"
+    e, lo, hi = _x(estimate), _x(low), _x(high)
+    if statistic == "speedup":
+        t = lambda v: "∞" if math.isinf(v) else f"{v:.3g}×"
+        return f"speed-up {t(e)} [{t(lo)}, {t(hi)}]"
+    if not statistic.startswith("final_"): raise ValueError(f"unknown statistic {statistic!r}")
+    d = 1 if max(abs(e), abs(lo), abs(hi)) >= 0.01 else 2
+    pp = lambda v: f"{100 * v:+.{d}f}".replace("-", "−")
+    what = {"test": "test", "ood": "OOD", "val": "validation"}.get(statistic[6:], statistic[6:])
+    return f"{pp(e)} pp {what} accuracy [{pp(lo)}, {pp(hi)}]"
+
+def findings_html(
+    table:pd.DataFrame, # `experiments.findings_table()`: experiment, claim, paper, ours, verdict, chapter
+    headlines:dict, # experiment -> its headline verdict (`summary["verdicts"][0]`: statistic, estimate, low, high)
+    titles:Optional[dict]=None, # chapter -> the title its link shows (default: the page name)
+)->str:
+    "The findings as an HTML table for a reader: whole claims, numbers in the paper's units, links to the chapters, no index."
+    esc, rows = html.escape, []
+    for r in table.itertuples(index=False):
+        h = headlines.get(r.experiment)
+        ours = estimate_text(h["statistic"], h["estimate"], h["low"], h["high"]) if h else str(r.ours)
+        note = re.search(r" \((stale[^)]*)\)$", str(r.ours))           # findings_table's note on a stale result stays
+        if h and note: ours += f" ({note.group(1)})"
+        link = (f'<a href="{esc(chapter_page(r.chapter))}">{esc((titles or {}).get(r.chapter, chapter_page(r.chapter)[:-5]))}</a><br>'
+                if r.chapter else "")
+        verdict = esc(str(r.verdict))
+        rows.append(f'<tr><td>{esc(r.claim)}</td><td>{esc(r.paper)}</td><td class="ours">{esc(ours)}</td>'
+                    f'<td class="verdict {verdict.replace(" ", "-")}">{verdict}</td><td>{link}<code>{esc(r.experiment)}</code></td></tr>')
+    cols = "".join(f'<col style="width:{w}%">' for w in (30, 25, 15, 15, 15))      # fits the text column: nothing to scroll
+    head = "".join(f"<th>{h}</th>" for h in ("claim", "the paper", "ours (95% interval)", "verdict", "evidence"))
+    return (f'<table class="dataframe findings"><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead><tbody>\n'
+            + "\n".join(rows) + "\n</tbody></table>")

@@ -430,7 +430,9 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
     else: lo, hi = min(self.value_slider.min, math.floor(y)), max(self.value_slider.max, math.ceil(y))
     was, self._quiet = self._quiet, True
     try:
-        with self.value_slider.hold_trait_notifications():
+        # one message to the browser with range and value: a slider redrawn for a new range before its new value
+        # arrives would report the old value back (issue 28)
+        with self.value_slider.hold_sync(), self.value_slider.hold_trait_notifications():
             self.value_slider.min, self.value_slider.max = min(lo, self.value_slider.min), max(hi, self.value_slider.max)
             self.value_slider.value = y
             self.value_slider.min, self.value_slider.max = lo, hi
@@ -458,7 +460,9 @@ def _on_value(self:SplineEditor, y):
     else:
         # during Run All the browser's messages wait behind the queued cells, so it may echo, late, any value this
         # editor (or `move_slider`) put on the slider; only a value never sent is the reader's
-        if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes): return
+        if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes):
+            self._sync_sliders(k, rescale=False)   # no edit, and the slider goes back to the knot's value (it showed
+            return                                 # another spline's knot after a switch of the drop-down, issue 28)
         self._echoes.clear()                   # the reader moves the slider: the kernel's earlier values are behind us
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"

@@ -86,6 +86,10 @@ OVERFLOW_JS = r"""(sel) => {
     if (pre.scrollWidth > pre.clientWidth + 1)
       out.push(`a code block hides ${pre.scrollWidth - pre.clientWidth} px of its lines past its right edge (its lines should wrap): "${pre.textContent.trim().slice(0, 60)}"`);
   }
+  for (const pre of main.querySelectorAll('pre:not(.sourceCode)')) {   // printed outputs: a claim or a rule is read whole
+    if (pre.getBoundingClientRect().width > 0 && pre.scrollWidth > pre.clientWidth + 1)
+      out.push(`a printed output hides ${pre.scrollWidth - pre.clientWidth} px of its lines past its right edge (its lines should wrap): "${pre.textContent.trim().slice(0, 60)}"`);
+  }
   return out;
 }"""
 
@@ -137,7 +141,7 @@ FIGURE_JS = r"""() => {
 
 
 def column_overflow(page, main="main"):
-    "Elements that stick out of the text column `main` (not clipped by a scrolling box inside it), and code blocks whose lines do not wrap."
+    "Elements that stick out of the text column `main` (not clipped by a scrolling box inside it), and code blocks or printed outputs whose lines do not wrap."
     return page.evaluate(OVERFLOW_JS, main)
 
 

@@ -12,8 +12,29 @@ def test_extension_name_tells_environments_apart(monkeypatch):
     assert core.cpp_extension_name("k_", "int f() { return 1; }") == a                    # same everything: same build
     assert core.cpp_extension_name("k_", "int f() { return 2; }") != a                    # source
     assert core.cpp_extension_name("k_", "int f() { return 1; }", ["-O2"]) != a           # flags
-    monkeypatch.setattr(sys, "executable", "/other/venv/bin/python")
+    monkeypatch.setattr(sys, "prefix", "/other/venv")
     assert core.cpp_extension_name("k_", "int f() { return 1; }") != a                    # another environment
+
+
+def test_extension_name_ignores_the_interpreters_path(monkeypatch, tmp_path):
+    "One environment started as `python`, `python3` or by an absolute path builds its kernels once (one name, one cache)."
+    from pathlib import Path
+    a = core.cpp_extension_name("k_", "int f() { return 1; }")
+    for name in ("python", "python3"):
+        monkeypatch.setattr(sys, "executable", str(Path(sys.prefix) / "bin" / name))
+        assert core.cpp_extension_name("k_", "int f() { return 1; }") == a, name
+    # real interpreters: two links with different names to the one binary
+    monkeypatch.undo()
+    code = "import sys; from spline_transformers.core import cpp_extension_name; print(sys.executable, cpp_extension_name('k_', 'int f() { return 1; }'))"
+    seen = {}
+    for name in ("python", "python3"):
+        (tmp_path / name).symlink_to(Path(sys.executable).resolve())
+        r = subprocess.run([str(tmp_path / name), "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        exe, key = r.stdout.split()
+        seen[exe] = key
+    assert len(seen) == 2 and len(set(seen.values())) == 1, seen
+    assert set(seen.values()) == {a}, (seen, a)
 
 
 def _build_in_fresh_process(source:str)->subprocess.CompletedProcess:

@@ -172,3 +172,56 @@ def test_table_cells_have_padding(layout):
 def test_figures_titles_and_labels_are_readable(layout):
     "Titles clear the toolbar; no two texts of a figure overlap; no text or point label is cut off by the figure or its axes."
     assert not layout["figures"], _report(layout["figures"])
+
+
+def test_findings_page_is_a_table_to_read(site):
+    """Issue 28 (9): the book's conclusion opens on an HTML table: whole claims, links that lead to pages of the site,
+    numbers in the paper's units, no index column, no DataFrame truncation (`...`) and no code before it."""
+    import html as H
+    from spline_transformers.experiments import EXPERIMENTS
+    page = (site / "findings.html").read_text()
+    m = re.search(r'<table class="dataframe findings">.*?</table>', page, re.S)
+    assert m, "findings.html has no findings table"
+    table, text = m.group(0), H.unescape(re.sub(r"<[^>]+>", "", m.group(0)))
+    hrefs = re.findall(r'<a href="([^"]+)"', table)
+    assert hrefs and all((site / h).is_file() for h in hrefs), [h for h in hrefs if not (site / h).is_file()]
+    assert not re.search(r"\[\w+\]\(\w+\.html\)", text), "a chapter link is shown as raw markdown"
+    assert "..." not in text and "…" not in text, "a cell of the table is cut"
+    for n, e in EXPERIMENTS.items(): assert " ".join(e.claim.split()) in " ".join(text.split()), f"{n}: its claim is not whole"
+    assert "final_test" not in text and re.search(r"\d pp test accuracy", text) and "×" in text
+    assert not re.search(r"<th>\s*</th>|<th>\s*\d+\s*</th>", table), "an index column"
+    first_code = page.find('class="sourceCode')
+    assert first_code == -1 or m.start() < first_code, "code comes before the table"
+
+
+def test_findings_table_fits_the_column(site, browser):
+    "Issue 28 (9): the findings table is read without scrolling sideways: it fits the text column, its links are in view."
+    with serve(site) as base:
+        page = _open_drawn(browser, base, site / "findings.html")
+        fit = page.evaluate("""() => { const t = document.querySelector('main table.findings'), m = document.querySelector('main');
+            if (!t) return null; const right = m.getBoundingClientRect().left + m.clientWidth;
+            return {table: t.getBoundingClientRect().right, box: t.parentElement.scrollWidth - t.parentElement.clientWidth, right,
+                    links: [...t.querySelectorAll('a')].filter(a => a.getBoundingClientRect().right > right + 1).map(a => a.textContent)}; }""")
+        page.context.close()
+    assert fit is not None, "no findings table on findings.html"
+    assert fit["table"] <= fit["right"] + 1 and fit["box"] <= 1 and not fit["links"], fit
+
+
+NARROW = [({"width": w, "height": 900}, False) for w in (992, 1000, 1100)] + [({"width": 900, "height": 900}, True)]
+
+
+def test_two_phase_titles_fit_narrow_windows(site, browser):
+    """Issue 28 (7): between 992 and 1100 px the sidebar stays docked and the text column is at its narrowest (about 360 px);
+    below, at 900 px, the sidebar opens over the page. In both, no figure title of chapter 08 is cut by the figure's edge."""
+    problems = []
+    with serve(site) as base:
+        for viewport, open_sidebar in NARROW:
+            page, _, _ = open_page(browser, f"{base}/two_phase.html", viewport=viewport)
+            n = len(re.findall(r"Plotly\.newPlot\(", (site / "two_phase.html").read_text()))
+            if n: page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=20000)
+            if open_sidebar: page.locator(".quarto-btn-toggle").first.click()
+            page.wait_for_timeout(800)
+            problems += [f"{viewport['width']} px{' (sidebar open)' if open_sidebar else ''}: {p}" for p in figure_layout(page)
+                         if "cut off by the edge" in p or "under the toolbar" in p]
+            page.context.close()
+    assert not problems, "\n".join(problems)

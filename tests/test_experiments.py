@@ -314,3 +314,41 @@ def test_lm_afs_names_stay_in_their_table_and_files_are_checked(zoo_copy):
     assert "\n" not in str(e.value)
     f.unlink()
     with pytest.raises(FileNotFoundError, match="reinstall"): load_learned("lm-afs/fineweb-mlp")
+
+
+def test_steps_figure_shows_every_seed():
+    "Issue 28 (11): seeds that reached the threshold at the same step are drawn apart (as many positions as seeds), hover names the seed."
+    r = ex.load_result("add")
+    fig = ex.steps_figure(r)
+    ps = pd.DataFrame(r["summary"]["per_seed"])
+    pts = [(x, y) for t in fig.data for x, y in zip(t.x, t.y)]
+    assert len(pts) == len(ps) and len(set(pts)) == len(ps), f"{len(set(pts))} distinct positions for {len(ps)} seeds"
+    for arm, g in ps.groupby("arm"):
+        seeds = sorted(int(c[0]) for t in fig.data if t.legendgroup == arm for c in t.customdata)
+        assert seeds == sorted(g.seed.astype(int)), (arm, seeds)
+    assert all("seed %{customdata[0]}" in t.hovertemplate for t in fig.data)
+    # a tie is spread within its arm's row, and the rows stay in the registry's order
+    ys = {t.legendgroup: [float(y) for y in t.y] for t in fig.data if not t.name.endswith("never")}
+    for i, arm in enumerate(ex._arm_order(r)): assert all(abs(y - i) < 0.5 for y in ys[arm]), (arm, ys[arm])
+    assert list(fig.layout.yaxis.ticktext) == ex._arm_order(r)
+    assert ex._swarm([5, 5, 5, 9], tol=0.5, gap=0.1) == pytest.approx([-0.1, 0.0, 0.1, 0.0])
+
+
+def test_findings_html_is_a_table_to_read():
+    "Issue 28 (9): the findings table for a reader: whole claims, numbers in the paper's units, links to chapter pages, no index."
+    import html, re
+    from spline_transformers.report import findings_html, estimate_text, chapter_page
+    assert estimate_text("speedup", 1.5, 1.36, None) == "speed-up 1.5× [1.36×, ∞]"
+    assert estimate_text("final_test", -0.00703, -0.0812, 0.0672) == "−0.7 pp test accuracy [−8.1, +6.7]"
+    assert estimate_text("final_ood", 0.0187, -0.00782, 0.0445) == "+1.9 pp OOD accuracy [−0.8, +4.5]"
+    assert estimate_text("diagonal", 0.5, 0.5, 0.5) == "diagonal best in 50% of targets"
+    with pytest.raises(ValueError, match="unknown statistic"): estimate_text("loss", 1, 0, 2)
+    f = ex.findings_table()
+    heads = {n: json.loads((ex.results_dir() / n / "summary.json").read_text())["verdicts"][0] for n in f.experiment}
+    t = findings_html(f, heads)
+    text = html.unescape(re.sub(r"<[^>]+>", "", t))
+    for n, e in EXPERIMENTS.items(): assert e.claim in text, n
+    assert "..." not in text and "final_test" not in text
+    assert re.findall(r'<a href="([^"]+)"', t) == [chapter_page(c) for c in f.chapter if c]
+    assert all((ROOT / "nbs" / f"{c}.ipynb").is_file() for c in f.chapter if c)
+    assert t.count("<tr>") == len(f) + 1 and "<th></th>" not in t

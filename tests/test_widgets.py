@@ -276,3 +276,28 @@ def test_player_frames_all_move_and_symbols_differ():
     assert len(fig.layout.meta["stages"]) == len(fig.frames)
     for t in fig.data:
         if t.name.startswith("sequence"): assert t.marker.symbol != "star", t.name
+
+
+def test_value_slider_follows_the_knot_when_the_spline_changes():
+    """Issue 28 (4): knot 40 of attn.0 (0.249) selected, the reader picks mlp.0: the value slider shows knot 0 of mlp.0,
+    also after the browser sends back, late, the value it showed before (its echo of 0.249 is no edit, and no display)."""
+    from spline_transformers.model import TransformerConfig, Transformer
+    cfg = TransformerConfig(vocab_size=11, n_layers=2, d_model=16, n_heads=2, max_len=8, mlp_act="spline", attn_fn="spline",
+                            mlp_init="gelu", attn_init="exp", pos="alibi")
+    model = Transformer(cfg)
+    ed = SplineEditor(model)
+    with torch.no_grad(): ed.refs["attn.0"].values[40] = 0.249; ed.refs["attn.0"].values[0] = 0.5
+    before = {n: r.values.detach().clone() for n, r in ed.refs.items()}
+    ed.picker.set_state({"index": ed.picker.options.index("attn.0")})          # as the browser sends them: the drop-down, then the knot slider
+    ed.knot_slider.set_state({"value": 40})
+    assert ed.value_slider.value == 0.249
+    ed.picker.set_state({"index": ed.picker.options.index("mlp.0")})
+    knot0 = round(ed.refs["mlp.0"].values[0].item(), 3)
+    assert (ed.name, ed.knot_slider.value, ed.value_slider.value) == ("mlp.0", 0, knot0)
+    ed.value_slider.set_state({"value": 0.249})       # the slider, redrawn for its new range, reports what it showed
+    assert ed.value_slider.value == knot0, "the value slider shows a value of the previous spline's knot"
+    assert ed.history == [] and all(torch.equal(r.values.detach(), before[n]) for n, r in ed.refs.items())
+    sent = []                                         # range and value reach the browser in one message
+    ed.value_slider.send_state = lambda key=None: sent.append(key if key is None or isinstance(key, str) else set(key))
+    ed.picker.set_state({"index": ed.picker.options.index("attn.0")})
+    assert ed.value_slider.value == 0.5 and sent == [{"min", "max", "value"}], sent
