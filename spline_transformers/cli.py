@@ -445,13 +445,12 @@ def check_run_args(a):
     if getattr(a, "corpus", None) is not None: check_out_dir(getattr(a, "data_root", None), "--data-root")
     if getattr(a, "resume", False) and a.checkpoint_dir is None:
         raise UsageError("--resume continues from the checkpoints in --checkpoint-dir; give --checkpoint-dir DIR")
-    hold_out_dir(a.out)
 
 def hold_out_dir(
     path, # the folder a command writes its results into
     flag:str="--out", # the option that named it, for the message
 ):
-    "Lock `path` (`core.FolderLock`) until `main` returns, so that two runs never write one results folder; in a distributed job rank 0 holds it."
+    "Lock `path` (`core.FolderLock`) until `main` returns, so that two runs never write one results folder; in a distributed job rank 0 holds it. Called once the inputs are read, before any training."
     if path is None or (is_distributed() and os.environ.get("RANK", "0") != "0"): return
     _held.append(FolderLock(Path(path).expanduser(), f"{flag} folder").acquire())
 
@@ -529,7 +528,7 @@ def kernel_line(
 def cmd_demo(a)->int:
     "Run the demo, print the table, write the results and the report."
     device = check_device(a.device)
-    out = check_out_dir(a.out, "--out"); hold_out_dir(out)
+    out = check_out_dir(a.out, "--out")
     dev = resolve_device(device)
     config = quick_demo_config(str(dev)) if a.quick else demo_config(str(dev))
     if a.seeds is not None: config = replace(config, seeds=tuple(seed_list(a.seeds, config.seeds)))
@@ -541,6 +540,7 @@ def cmd_demo(a)->int:
     say(f"spline-transformers demo{' --quick' if a.quick else ''}: {config.task} on {dev}, results in {out}/")
     kernels = kernel_line(dev)
     say(kernels)
+    hold_out_dir(out)
     t0 = time.perf_counter()
     res = run_demo(config, log=say)
     wall = time.perf_counter() - t0
@@ -566,6 +566,7 @@ def cmd_phase1(a)->int:
     check_run_args(a)
     out = Path(a.out)
     data, arch = load_data(a), arch_from_args(a)
+    hold_out_dir(out)
     if is_distributed():
         res = distributed_phase1(data, arch, cfg, p1, resume=True if a.resume else None, out_dir=out, backend=a.backend, timeout=a.timeout)
         if res is None: return 0    # not rank 0
@@ -600,6 +601,7 @@ def cmd_phase2(a)->int:
     nl = load_nonlinearities(src, "--nonlinearities")
     data = load_data(a)
     arch = nl.config_for(arch_from_args(a))
+    hold_out_dir(out)
     arms = [("learned", phase2, (nl,))] + ([] if a.no_baseline else [("standard", baseline, ())])
     runs = []
     for name, fn, extra in arms:   # one line per arm (with --progress or on a terminal, a bar too)
@@ -649,6 +651,7 @@ def cmd_transfer(a)->int:
     sources = {name: load_nonlinearities(path, f"--source {name}=") for name, path in paths.items()}
     targets = {t: get_task(t, seed=a.task_seed, **params[t]) for t in names}
     arch = next(iter(sources.values())).config_for(arch_from_args(a))
+    hold_out_dir(out)
     if is_distributed():
         tm = distributed_transfer(sources, targets, arch, cfg, seeds=seeds, threshold=a.threshold, resume=a.resume, out_dir=out,
                                   backend=a.backend, timeout=a.timeout)
