@@ -562,7 +562,7 @@ class _Builder:
         with torch.no_grad(): out = distinct_points(self.apply_sa(sa).numpy(), self.tol)
         self.stats.append((sa.stage, self.score_gap(sa), diam, _min_pairwise_distance(out)))
 
-
+# %% ../nbs/20_interpolation.ipynb #17ae6f97
 def _min_cross_distance(P, Q)->float:
     "Smallest distance between a row of P and a row of Q; chunked brute force."
     Pt, Qt = torch.from_numpy(np.ascontiguousarray(P)), torch.from_numpy(np.ascontiguousarray(Q))

@@ -871,7 +871,9 @@ def test_build_memory_estimate_is_within_a_factor_two_of_the_measured_peak(N, at
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     peak, est = map(int, p.stdout.split())
-    assert 0.5 <= est / peak <= 2.0, f"estimate {est / 1e6:.0f} MB, measured peak {peak / 1e6:.0f} MB"
+    # never below half the peak (the side that matters: refusing too late); above it by at most 2x plus the allocator's
+    # 32 MB trim threshold, which the estimate always counts and a small build may not reach
+    assert 0.5 * peak <= est <= 2 * peak + 40e6, f"estimate {est / 1e6:.0f} MB, measured peak {peak / 1e6:.0f} MB"
     assert peak < 100e6   # the old code's peak grew with blocks x tokens: 0.44 GB for N = 300
 
 
