@@ -7,6 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 # %% ../nbs/00_core.ipynb #fa73cd59
 from __future__ import annotations
 import hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, sysconfig, tempfile, threading, time, warnings
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional, Union
@@ -14,8 +15,8 @@ from typing import Iterable, NamedTuple, Optional, Union
 # %% auto #0
 __all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FLAGS', 'tune_malloc', 'check_option', 'check_int',
            'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
-           'temp_folder', 'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'git_output',
-           'cpu_model', 'FolderInUse', 'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name',
+           'temp_folder', 'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'staged_folder',
+           'git_output', 'cpu_model', 'FolderInUse', 'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name',
            'build_cpp_extension']
 
 # %% ../nbs/00_core.ipynb #3decd95d
@@ -252,6 +253,33 @@ def tensor_digest(
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+# %% ../nbs/00_core.ipynb #9a03b231
+def _exchange(a:Path, b:Path)->bool:
+    "Swap two paths in one atomic step (Linux's renameat2 RENAME_EXCHANGE); False where the system cannot."
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0   # AT_FDCWD, RENAME_EXCHANGE
+    except (OSError, AttributeError): return False
+
+@contextmanager
+def staged_folder(
+    folder:Union[str,Path], # the folder to (re)write
+):
+    "Yield an empty temporary folder beside `folder`; when the block ends without error it takes `folder`'s place in one rename, so a reader sees the old folder or the new one, never part of either."
+    folder = Path(folder); folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(folder.parent, names=[folder.name])   # what killed runs staged for this folder
+    tmp = temp_folder(folder.parent, folder.name)
+    try:
+        yield tmp
+        if not folder.exists(): os.rename(tmp, folder)
+        elif not _exchange(tmp, folder):   # no atomic swap here: move the old folder aside first (absent for a moment, never half-written)
+            old = temp_folder(folder.parent, folder.name)
+            os.rename(folder, old / folder.name); os.rename(tmp, folder); tmp = old
+        fsync_dir(folder.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)   # the staged folder on error, else the old result
 
 # %% ../nbs/00_core.ipynb #7d894b3f
 import subprocess

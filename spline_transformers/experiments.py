@@ -7,7 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/experiments.html
 # %% ../nbs/09_experiments.ipynb #f3a57cf3
 from __future__ import annotations
 import datetime, hashlib, json, math, os, platform, re, shutil, signal, subprocess, sys, threading, time, warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -17,12 +17,12 @@ __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'PROBE_EDGES', 'EXPER
            'PEER_ZOO', 'ZOO_KEYS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting', 'Cell', 'cells',
            'transfer_source', 'transfer_matrix_cells', 'load_data', 'corpus_probe', 'run_cell', 'batch_key',
            'run_cells', 'lower_median', 'paired_bootstrap', 'per_seed', 'arm_table', 'decide', 'register',
-           'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance', 'attention_tail',
-           'staged_folder', 'summarise', 'summarise_transfer', 'result_state', 'reproduce', 'results_dir',
-           'load_result', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame',
-           'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines', 'learned_splines_figure',
-           'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure', 'samples_frame',
-           'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo', 'peer_zoo']
+           'get_experiment', 'cpu_setting', 'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'summarise',
+           'summarise_transfer', 'result_state', 'reproduce', 'results_dir', 'load_result', 'StaleResult',
+           'stale_results', 'experiments_table', 'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure',
+           'steps_figure', 'learned_splines', 'learned_splines_figure', 'by_size_figure', 'transfer_figure',
+           'probe_density', 'spline_gallery_figure', 'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo',
+           'load_learned', 'update_zoo', 'peer_zoo']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import numpy as np
@@ -31,7 +31,7 @@ import torch
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
 from .core import (atomic_write, check_option, cpu_model, git_output, remove_stale_temps, model_device, resolve_device,
-                                      sha256_hex, fsync_dir, temp_folder, FolderLock, FolderInUse)
+                                      sha256_hex, staged_folder, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task, TASKS
@@ -647,32 +647,6 @@ def attention_tail(nl:Nonlinearities)->list:
         with torch.no_grad(): lo, mid = (float(v) for v in sp(torch.tensor([x, 0.0])).flatten()[:2])
         out.append({"x": x, "at_left": lo, "at_0": mid, "ratio": lo / mid if mid else math.nan})
     return out
-
-def _exchange(a:Path, b:Path)->bool:
-    "Swap two paths in one atomic step (Linux's renameat2 RENAME_EXCHANGE); False where the system cannot."
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0   # AT_FDCWD, RENAME_EXCHANGE
-    except (OSError, AttributeError): return False
-
-@contextmanager
-def staged_folder(
-    folder:Union[str,Path], # the folder to (re)write
-):
-    "Yield an empty temporary folder beside `folder`; when the block ends without error it takes `folder`'s place in one rename, so a reader sees the old folder or the new one, never part of either."
-    folder = Path(folder); folder.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(folder.parent, names=[folder.name])   # what killed runs staged for this folder
-    tmp = temp_folder(folder.parent, folder.name)
-    try:
-        yield tmp
-        if not folder.exists(): os.rename(tmp, folder)
-        elif not _exchange(tmp, folder):   # no atomic swap here: move the old folder aside first (absent for a moment, never half-written)
-            old = temp_folder(folder.parent, folder.name)
-            os.rename(folder, old / folder.name); os.rename(tmp, folder); tmp = old
-        fsync_dir(folder.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)   # the staged folder on error, else the old result
 
 def summarise(
     exp:Experiment, # the experiment
