@@ -18,7 +18,8 @@ import torch
 
 from bench_step import Case, matmul_rate, PARTS
 from spline_transformers.core import cpu_model
-from spline_transformers.experiments import EXPERIMENTS, load_data
+from spline_transformers.experiments import EXPERIMENTS
+from spline_transformers.runner import load_data
 from spline_transformers.two_phase import arch_for, spline_arch, standard_arch
 
 

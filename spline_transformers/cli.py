@@ -35,7 +35,9 @@ from .model import TransformerConfig, Nonlinearities, MLP_ACTS, SHARINGS
 from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
-from .experiments import EXPERIMENTS, SIZES, reproduce, experiments_table
+from .experiments import EXPERIMENTS, SIZES
+from .runner import reproduce
+from .results import experiments_table
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, transfer,
                                            as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
 from . import report

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #fa73cd59
 from __future__ import annotations
-import hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, sysconfig, tempfile, threading, time, warnings
+import datetime, hashlib, json, math, numbers, os, platform, re, secrets, shutil, socket, sys, sysconfig, tempfile, threading, time, warnings
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -16,8 +16,8 @@ from typing import Iterable, NamedTuple, Optional, Union
 __all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FLAGS', 'tune_malloc', 'check_option', 'check_int',
            'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
            'temp_folder', 'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'staged_folder',
-           'git_output', 'cpu_model', 'FolderInUse', 'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name',
-           'build_cpp_extension']
+           'git_output', 'cpu_model', 'canonical_json', 'content_hash', 'provenance_record', 'FolderInUse',
+           'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name', 'build_cpp_extension']
 
 # %% ../nbs/00_core.ipynb #3decd95d
 PROCESS_ENV = "SPLINE_TRANSFORMERS_PROCESS"   # "default": leave OpenMP's wait policy and glibc's heap alone
@@ -298,6 +298,27 @@ def cpu_model()->str:
             if line.startswith("model name"): return line.split(":", 1)[1].strip()
     except OSError: pass
     return platform.processor() or platform.machine()
+
+# %% ../nbs/00_core.ipynb #a8e8bc62
+def canonical_json(x)->str:
+    "`x` as JSON with sorted keys and no spaces (tuples and other iterables as lists): equal configurations give equal text."
+    return json.dumps(x, sort_keys=True, default=list, separators=(",", ":"))
+
+def content_hash(x)->str:
+    "The first 16 hex digits of the SHA-256 of `canonical_json(x)`: the config hash every result records."
+    return hashlib.sha256(canonical_json(x).encode()).hexdigest()[:16]
+
+def provenance_record(
+    command:Optional[str]=None, # the command line (default: this process's, as `spline-transformers ARGS`)
+)->dict:
+    "Where a result comes from, the part every result shares: versions, commit, uncommitted paths, CPU, cores, date, command."
+    import torch
+    from spline_transformers import __version__
+    dirty = [l[3:] for l in git_output("status", "--porcelain", "--untracked-files=no").splitlines()]
+    return {"package_version": __version__, "git_commit": git_output("rev-parse", "HEAD") or None, "git_dirty": bool(dirty),
+            "dirty_paths": dirty, "torch_version": torch.__version__, "python": platform.python_version(), "cpu": cpu_model(),
+            "cores": os.cpu_count(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command or " ".join(["spline-transformers"] + sys.argv[1:])}
 
 # %% ../nbs/00_core.ipynb #d4b5f463
 try: import fcntl

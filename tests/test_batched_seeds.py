@@ -5,7 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spline_transformers.experiments import EXPERIMENTS, batch_key, cells, reproduce, run_cells
+from spline_transformers.experiments import EXPERIMENTS, cells
+from spline_transformers.runner import batch_key, reproduce, run_cells
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_experiment import NAME, tiny  # noqa: E402,F401  (tiny: the fixture)

@@ -178,7 +178,7 @@ def test_findings_page_is_a_table_to_read(site):
     """Issue 28 (9): the book's conclusion opens on an HTML table: whole claims, links that lead to pages of the site,
     numbers in the paper's units, no index column, no DataFrame truncation (`...`) and no code before it."""
     import html as H
-    from spline_transformers.experiments import EXPERIMENTS
+    from spline_transformers.results import EXPERIMENTS  # results imports the registry
     page = (site / "findings.html").read_text()
     m = re.search(r'<table class="dataframe findings">.*?</table>', page, re.S)
     assert m, "findings.html has no findings table"

@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from spline_transformers import experiments as ex
-from spline_transformers.experiments import (EXPERIMENTS, SIZES, VERDICTS, Arm, Experiment, Phase1Run, Verdict, cells, decide,
-                                             load_learned, learned_zoo, paired_bootstrap, register, reproduce, stale_results, zoo_dir)
+from spline_transformers import results as ex
+from spline_transformers.experiments import EXPERIMENTS, SIZES, VERDICTS, Arm, Experiment, Phase1Run, Verdict, cells, register
+from spline_transformers.stats import decide, paired_bootstrap
+from spline_transformers.runner import reproduce
+from spline_transformers.results import load_learned, learned_zoo, stale_results, zoo_dir
 from spline_transformers.model import Nonlinearities
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,10 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from spline_transformers import experiments as ex
+from spline_transformers import runner as ex
 from spline_transformers.cli import main
 from spline_transformers.core import FolderLock
-from spline_transformers.experiments import EXPERIMENTS, cell_problem, cells, load_result, reproduce, findings_table, StaleResult
+from spline_transformers.experiments import EXPERIMENTS, cells
+from spline_transformers.runner import cell_problem, reproduce
+from spline_transformers.results import load_result, findings_table, StaleResult
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_experiment import NAME, tiny  # noqa: E402,F401  (tiny: the fixture)
