@@ -124,7 +124,7 @@ def verdict(
         return {"helped": True, "speedup": sp, "text": f"The learned nonlinearities helped at this size: they {reach}; median speed-up {sp:.2f}× "
                 f"(Phase I not counted).{facc}"}
     why = ("they reached the threshold on fewer seeds" if ra < rr else
-           "more than half of the seeds of each arm missed the threshold, so neither median is defined" if math.isnan(sp) else
+           "more than half of the seeds of each arm missed the threshold, so neither median is defined" if math.isinf(a.median_steps) and math.isinf(r.median_steps) else
            f"they were slower (median speed-up {sp:.2f}×)" if sp < 1 / margin else
            f"the two medians are within {margin:.1f}× of each other (speed-up {sp:.2f}×), inside the seed spread")
     return {"helped": False, "speedup": sp, "text": f"The learned nonlinearities did not help at this size: {why}. The learned arm {reach}.{facc}"}

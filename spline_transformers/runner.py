@@ -29,9 +29,9 @@ from .ensemble import Ensemble
 from .tasks import get_task
 from .corpora import load_corpus
 from .train import TrainConfig
-from .two_phase import Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities
+from .two_phase import Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer
 from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, get_experiment, read_json, read_table)
-from .stats import per_seed, arm_table, decide, median_ratio
+from .stats import per_seed, arm_table, decide
 from . import registry  # the book's experiments, registered on import
 
 # %% ../nbs/09c_runner.ipynb #41240c5d
@@ -486,18 +486,17 @@ def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs
     metrics, tables = [], []
     for c in cs:
         if c.spec["kind"] != "train": continue
-        (row, target), seed = _arm_of(c.label)[0].split("->"), _arm_of(c.label)[1]
+        row, target = _arm_of(c.label)[0].split("->")
         metrics.append(read_table(root / c.key / "metrics.csv").assign(model=row, target=target))
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
     for t, g in metrics.groupby("target", sort=False):
         st = EXPERIMENTS[t].setting(size)
         tables.append(per_seed(g.drop(columns="target"), st.threshold, st.metric).assign(target=t))
     seeds = pd.concat(tables, ignore_index=True)
-    agg = seeds.groupby(["arm", "target"], sort=False).agg(final_test=("final_test", "median"), steps=("steps", "median")).reset_index()
     rows = ["standard"] + list(exp.row_sources)
-    piv = lambda col: agg.pivot(index="arm", columns="target", values=col).reindex(index=rows, columns=list(exp.targets))
-    final, steps = piv("final_test"), piv("steps")
-    speed = pd.DataFrame({t: [median_ratio(np.array([steps.loc["standard", t]]), np.array([steps.loc[r, t]])) for r in rows] for t in exp.targets}, index=rows)
+    tm = assemble_transfer([metrics], {t: EXPERIMENTS[t].setting(size).threshold for t in exp.targets},
+                           {t: EXPERIMENTS[t].setting(size).metric for t in exp.targets}, rows=rows, targets=exp.targets)
+    final, steps, speed = tm.final_id, tm.median_steps, tm.speedup
     learned = final.drop(index="standard")
     diag = [bool(t in learned.index and learned.loc[t, t] >= learned[t].max() - 1e-12) for t in exp.targets]
     v = exp.verdicts[0]; frac = float(np.mean(diag))

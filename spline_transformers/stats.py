@@ -10,14 +10,14 @@ import math
 from typing import Sequence
 
 # %% auto #0
-__all__ = ['paired_bootstrap', 'lower_median', 'median_ratio', 'per_seed', 'arm_table', 'decide']
+__all__ = ['paired_bootstrap', 'per_seed', 'arm_table', 'decide']
 
 # %% ../nbs/09a_stats.ipynb #7d09fe29
 import numpy as np
 import pandas as pd
 
 # %% ../nbs/09a_stats.ipynb #3ca0b55e
-from .train import steps_to_threshold
+from .train import steps_to_threshold, seed_quantiles, speedup
 from .experiments import Verdict, MIN_SEEDS
 
 # %% ../nbs/09a_stats.ipynb #43426b78
@@ -33,22 +33,15 @@ def paired_bootstrap(
     ref, arm = np.asarray(ref, dtype=float), np.asarray(arm, dtype=float)
     if ref.shape != arm.shape or ref.ndim != 1 or len(ref) == 0:
         raise ValueError(f"paired values need two equal-length non-empty lists, got {ref.shape} and {arm.shape}")
-    f = median_ratio if statistic == "speedup" else (lambda r, a: float(np.mean(a) - np.mean(r)))
+    f = speedup if statistic == "speedup" else (lambda r, a: float(np.mean(a) - np.mean(r)))
     idx = np.random.default_rng(seed).integers(0, len(ref), size=(n_boot, len(ref)))
     draws = np.array([f(ref[i], arm[i]) for i in idx])
     a = (1 - confidence) / 2
     lo, hi = np.quantile(draws, [a, 1 - a], method="inverted_cdf")
     return f(ref, arm), float(lo), float(hi)
 
-def lower_median(v)->float:
-    "The lower median: a value some seed actually has (with half the seeds at infinity, still finite)."
-    return float(np.quantile(np.asarray(v, dtype=float), 0.5, method="inverted_cdf"))
 
-def median_ratio(ref:np.ndarray, arm:np.ndarray)->float:
-    a, r = lower_median(arm), lower_median(ref)
-    if math.isinf(a) and math.isinf(r): return 1.0
-    if math.isinf(a): return 0.0
-    return math.inf if math.isinf(r) else (r / a if a > 0 else math.inf)
+
 
 # %% ../nbs/09a_stats.ipynb #df976548
 def per_seed(
@@ -71,7 +64,7 @@ def arm_table(seeds:pd.DataFrame)->pd.DataFrame:
     "Per arm: median and IQR of steps to threshold, seeds reaching it, median and IQR of final test and OOD accuracy."
     rows = []
     for arm, g in seeds.groupby("arm", sort=False):
-        q = lambda v: np.quantile(v.to_numpy(dtype=float), [0.25, 0.5, 0.75], method="inverted_cdf") if len(v) else [math.nan] * 3
+        q = seed_quantiles
         s, t, o = q(g.steps), q(g.final_test), q(g.final_ood.dropna()) if g.final_ood.notna().any() else [math.nan] * 3
         l = q(g.final_loss.dropna()) if "final_loss" in g and g.final_loss.notna().any() else [math.nan] * 3
         rows.append({"arm": arm, "seeds": len(g), "reached": int(g.reached.sum()), "median_steps": s[1], "q25_steps": s[0], "q75_steps": s[2],

@@ -17,11 +17,11 @@ __all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS'
            'EXPLODING_NORM', 'POSTFIX_FIRST', 'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig', 'lr_multiplier',
            'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models', 'masked_cross_entropy',
            'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches', 'metrics_frame',
-           'steps_to_threshold', 'CheckpointError', 'save_state', 'load_state', 'TrainingDiverged', 'nonfinite_state',
-           'weight_norm', 'exploding', 'TrainState', 'checkpoint_path', 'list_checkpoints', 'meta_value',
-           'check_resume', 'find_resume', 'autocast', 'run_loop', 'default_eval_splits', 'evaluate_rows', 'TrainResult',
-           'make_optimizer', 'probe_loss_fn', 'training_threads', 'thread_policy', 'data_info', 'frozen_digest',
-           'default_name', 'resume_and_run', 'train']
+           'steps_to_threshold', 'seed_quantiles', 'lower_median', 'speedup', 'CheckpointError', 'save_state',
+           'load_state', 'TrainingDiverged', 'nonfinite_state', 'weight_norm', 'exploding', 'TrainState',
+           'checkpoint_path', 'list_checkpoints', 'meta_value', 'check_resume', 'find_resume', 'autocast', 'run_loop',
+           'default_eval_splits', 'evaluate_rows', 'TrainResult', 'make_optimizer', 'probe_loss_fn', 'training_threads',
+           'thread_policy', 'data_info', 'frozen_digest', 'default_name', 'resume_and_run', 'train']
 
 # %% ../nbs/07_train.ipynb #dd3a9892
 import numpy as np
@@ -211,6 +211,30 @@ def steps_to_threshold(
         out.append({"model": m, "seed": s, "steps": float(hit.iloc[0]) if len(hit) else math.inf,
                     "reached": bool(len(hit)), "final": float(g.value.iloc[-1])})
     return pd.DataFrame(out, columns=["model", "seed", "steps", "reached", "final"])
+
+# %% ../nbs/07_train.ipynb #a4442de7
+def seed_quantiles(
+    values, # one value per seed (steps may be inf: never reached)
+    qs:Sequence[float]=(0.25, 0.5, 0.75), # the quantiles
+)->list:
+    "Quantiles of per-seed values that are values some seed has (numpy's inverted_cdf); NaN for no seeds."
+    v = np.asarray(values, dtype=float)
+    return [float(x) for x in np.quantile(v, list(qs), method="inverted_cdf")] if v.size else [math.nan] * len(qs)
+
+def lower_median(values)->float:
+    "The lower median of per-seed values: a value some seed actually has (with half the seeds at infinity, still finite)."
+    return seed_quantiles(values, (0.5,))[0]
+
+def speedup(
+    ref_steps, # the reference arm's steps to threshold, per seed (inf: never reached)
+    arm_steps, # the arm's, per seed
+)->float:
+    "The one speed-up statistic: lower median of `ref_steps` / lower median of `arm_steps` (0 if the arm's is inf, 1 if both are)."
+    a, r = lower_median(arm_steps), lower_median(ref_steps)
+    if math.isinf(a) and math.isinf(r): return 1.0
+    if math.isinf(a): return 0.0
+    if a == 0: return 1.0 if r == 0 else math.inf
+    return r / a
 
 # %% ../nbs/07_train.ipynb #3b80d29f
 class CheckpointError(ValueError):

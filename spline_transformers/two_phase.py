@@ -32,7 +32,7 @@ from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
 from spline_transformers.train import (TrainConfig, TrainResult, TrainState, TrainingDiverged, train, resume_and_run,
     data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
-    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, data_info, autocast, make_optimizer, thread_policy,
+    evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, seed_quantiles, lower_median, speedup, data_info, autocast, make_optimizer, thread_policy,
     probe_loss_fn)
 from .viz import seed_band_figure, matrix_heatmap
 
@@ -359,12 +359,6 @@ def baseline(
     return _baseline(data, arch, arm_config(cfg, name), seeds, name, callbacks, resume)
 
 # %% ../nbs/08_two_phase.ipynb #cc89a3f3
-def _speedup(ref:float, arm:float)->float:
-    if math.isinf(ref) and math.isinf(arm): return math.nan
-    if math.isinf(arm): return 0.0
-    if arm == 0: return 1.0 if ref == 0 else math.inf
-    return math.inf if math.isinf(ref) else ref / arm
-
 def compare(
     metrics:pd.DataFrame, # tidy metrics of several arms (the `model` column names the arm)
     reference:str="standard", # the arm the speed-ups are relative to
@@ -373,21 +367,20 @@ def compare(
     split:str="test", # split for the threshold
     ood_split:str="ood", # split reported as OOD accuracy (if present)
 )->pd.DataFrame:
-    "One row per arm: median/IQR steps to threshold, seeds reaching it, final ID/OOD accuracy, speed-up over `reference`."
+    "One row per arm: median/IQR steps to threshold, seeds reaching it, median final ID/OOD accuracy, speed-up over `reference` (`seed_quantiles`, `speedup`)."
     st = steps_to_threshold(metrics, metric, threshold, split)
     last = metrics[metrics.step == metrics.groupby(["model", "seed"]).step.transform("max")]
     rows = []
     for arm, g in st.groupby("model", sort=False):
-        q = np.quantile(g.steps.to_numpy(dtype=float), [0.25, 0.5, 0.75], method="lower") if len(g) else [math.nan] * 3
+        q = seed_quantiles(g.steps)
         fin = last[(last.model == arm) & (last.metric == metric)]
-        rows.append({"model": arm, "seeds": len(g), "reached": int(g.reached.sum()), "median_steps": float(q[1]),
-                     "q25_steps": float(q[0]), "q75_steps": float(q[2]),
-                     f"final_{split}": float(fin[fin.split == split].value.mean()),
-                     f"final_{ood_split}": float(fin[fin.split == ood_split].value.mean()) if (fin.split == ood_split).any() else math.nan})
+        rows.append({"model": arm, "seeds": len(g), "reached": int(g.reached.sum()), "median_steps": q[1], "q25_steps": q[0], "q75_steps": q[2],
+                     f"final_{split}": lower_median(fin[fin.split == split].value),
+                     f"final_{ood_split}": lower_median(fin[fin.split == ood_split].value) if (fin.split == ood_split).any() else math.nan})
     out = pd.DataFrame(rows)
     if reference in set(out.model):
-        ref = float(out.loc[out.model == reference, "median_steps"].iloc[0])
-        out["speedup"] = [_speedup(ref, a) for a in out.median_steps]
+        ref = st[st.model == reference].steps
+        out["speedup"] = [speedup(ref, g.steps) for _, g in st.groupby("model", sort=False)]
     return out
 
 def corpus_summary(
@@ -453,10 +446,10 @@ MATRICES = ("speedup", "median_steps", "final_id", "final_ood")  # the matrices 
 @dataclass
 class TransferMatrix:
     "The transfer matrix: rows = source of the nonlinearities, columns = target task."
-    speedup:pd.DataFrame # median steps to threshold of the standard row / of this row (per target)
-    median_steps:pd.DataFrame # median steps to threshold
-    final_id:pd.DataFrame # mean final test accuracy
-    final_ood:pd.DataFrame # mean final OOD accuracy (NaN where the target has no OOD split)
+    speedup:pd.DataFrame # `speedup` of this row over the standard row (per target)
+    median_steps:pd.DataFrame # lower median over seeds of steps to threshold
+    final_id:pd.DataFrame # lower median over seeds of the final test (corpus: val) accuracy
+    final_ood:pd.DataFrame # lower median over seeds of the final OOD accuracy (NaN where the target has no OOD split)
     metrics:pd.DataFrame # all cells' metrics (with a `target` column)
 
     def heatmap(self, which:str="speedup", **kw):
@@ -477,20 +470,33 @@ class TransferMatrix:
         return out
 
 def assemble_transfer(
-    results:Sequence[pd.DataFrame], # metrics of cells (from `run_cell`), in any order
-    threshold:float=0.95, # accuracy threshold for steps-to-threshold
-    metric:str="seq_acc", # metric
-    split:str="test", # ID split
+    results:Sequence[pd.DataFrame], # metrics of cells (from `run_cell`: `model` names the row, a `target` column), in any order
+    threshold:Union[float,dict]=0.95, # accuracy threshold, or target -> its threshold
+    metric:Union[str,dict]="seq_acc", # metric, or target -> its metric ("token_acc" for a corpus)
+    split:Optional[str]=None, # ID split (None: "test", or "val" for a corpus)
     ood_split:str="ood", # OOD split
+    rows:Optional[Sequence[str]]=None, # row order (None: "standard" first, then as they appear)
+    targets:Optional[Sequence[str]]=None, # column order (None: as they appear)
 )->TransferMatrix:
-    "Build the transfer matrices from cell results."
+    "The one transfer-matrix implementation: per (row, target), lower medians over seeds of steps to threshold and final accuracies, and `speedup` over the standard row."
     df = pd.concat(list(results), ignore_index=True)
-    cmp = pd.concat([compare(g.drop(columns="target"), "standard", threshold, metric, split, ood_split).assign(target=t)
-                     for t, g in df.groupby("target", sort=False)], ignore_index=True)
-    order = list(dict.fromkeys(["standard"] + list(df.model.unique())))
-    piv = lambda col: cmp.pivot(index="model", columns="target", values=col).reindex([o for o in order if o in set(cmp.model)])
-    return TransferMatrix(piv("speedup") if "speedup" in cmp else piv("median_steps") * math.nan, piv("median_steps"),
-                          piv(f"final_{split}"), piv(f"final_{ood_split}"), df)
+    pick = lambda x, t: x[t] if isinstance(x, dict) else x
+    split = split or ("test" if (df.split == "test").any() else "val")
+    cols = {k: {} for k in MATRICES}
+    for t, g in df.groupby("target", sort=False):
+        st = steps_to_threshold(g, pick(metric, t), pick(threshold, t), split)
+        ood = g[(g.split == ood_split) & (g.metric == pick(metric, t))]
+        ood = ood[ood.step == ood.groupby(["model", "seed"]).step.transform("max")]
+        ref = st[st.model == "standard"].steps
+        for m, r in st.groupby("model", sort=False):
+            cols["median_steps"].setdefault(t, {})[m] = lower_median(r.steps)
+            cols["speedup"].setdefault(t, {})[m] = speedup(ref, r.steps) if len(ref) else math.nan
+            cols["final_id"].setdefault(t, {})[m] = lower_median(r.final)
+            cols["final_ood"].setdefault(t, {})[m] = lower_median(ood[ood.model == m].value) if len(ood) else math.nan
+    order = list(rows) if rows is not None else list(dict.fromkeys(["standard"] + list(df.model.unique())))
+    order = [o for o in order if o in set(df.model)]
+    frame = lambda k: pd.DataFrame(cols[k]).reindex(index=order, columns=list(targets) if targets is not None else None)
+    return TransferMatrix(frame("speedup"), frame("median_steps"), frame("final_id"), frame("final_ood"), df)
 
 def transfer(
     sources:dict, # name -> learned nonlinearities (Nonlinearities / Phase1Result / path)

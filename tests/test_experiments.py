@@ -354,3 +354,12 @@ def test_findings_html_is_a_table_to_read():
     assert re.findall(r'<a href="([^"]+)"', t) == [chapter_page(c) for c in f.chapter if c]
     assert all((ROOT / "nbs" / f"{c}.ipynb").is_file() for c in f.chapter if c)
     assert t.count("<tr>") == len(f) + 1 and "<th></th>" not in t
+
+
+def test_registering_the_same_experiment_again_changes_nothing_and_another_is_refused():
+    "A chapter run after its module was imported registers the identical experiment again: a no-op; a changed one under the same name is refused."
+    add = EXPERIMENTS["add"]
+    assert register(add) is add and list(EXPERIMENTS).count("add") == 1
+    changed = replace(add, claim=add.claim + " (changed)")
+    with pytest.raises(ValueError, match="already registered, with another setting"): register(changed)
+    assert EXPERIMENTS["add"] is add

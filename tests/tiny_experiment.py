@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from spline_transformers.experiments import EXPERIMENTS, Arm, Experiment, Phase1Run, Verdict, register
+import spline_transformers.registry  # noqa: F401  (the book's experiments, which the tiny one is cut from)
 
 NAME = "tiny"
 
