@@ -36,9 +36,9 @@ from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
 from .experiments import EXPERIMENTS, SIZES
-from .runner import reproduce
+from .runner import reproduce, run_transfer, check_run
 from .results import experiments_table
-from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, transfer,
+from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,
                                            as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
 from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
@@ -96,7 +96,8 @@ def build_parser()->argparse.ArgumentParser:
     t = sub.add_parser("transfer", formatter_class=fmt, help="the transfer matrix: Phase II of every (source splines, target task) pair",
                        description="The transfer matrix (spec §3.4): rows are the sources of the splines (plus the standard transformer), "
                                    "columns the target tasks; speed-up, median steps and final accuracies, as CSV and report.html. "
-                                   "Under torchrun the cells are shared out over the processes.")
+                                   "Each (row, target, seed) cell trains in its own one-thread process, --jobs at a time; finished cells are kept "
+                                   "under OUT/.cells, so a killed run continues with --resume. Under torchrun the cells are shared out over the processes.")
     t.add_argument("--source", action="append", default=[], metavar="NAME=PATH",
                    help="learned splines: a phase1 folder or .safetensors (repeatable; each NAME once, 'standard' is the standard row's)")
     t.add_argument("--targets", default="add", help=f"comma-separated target tasks, from: {', '.join(TASKS)}")
@@ -104,6 +105,7 @@ def build_parser()->argparse.ArgumentParser:
                    help="a parameter for every target task (repeatable), read as the type of the task's parameter")
     t.add_argument("--task-seed", type=int, default=0, help="seed of the target tasks' problems and splits")
     t.add_argument("--seeds", type=parse_ints, default=None, help="model seeds per cell: N or a list (default: the library's)")
+    t.add_argument("--jobs", type=int_arg(1), default=1, help="cells run at once, each a one-thread process (2 on 2 cores)")
     t.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="torchrun: process-group backend")
     t.add_argument("--timeout", type=float_arg(0, lo_open=True), default=None, help="torchrun: seconds a collective may wait")
     _add_model_options(t, saved_splines=True); _add_train_options(t)
@@ -352,8 +354,8 @@ FUNCTION_DEFAULTS = {  # the options that are a library function's parameter tak
     "task_seed": default_of(get_task, "seed"), "tokenizer": default_of(load_corpus, "tokenizer"),
     "block_size": default_of(load_corpus, "block_size"), "vocab_size": default_of(prepare, "vocab_size"),
     "val_fraction": default_of(prepare, "val_fraction"), "arch_fraction": default_of(prepare, "arch_fraction"),
-    "split_seed": default_of(prepare, "seed"), "threshold": default_of(transfer, "threshold"), "demo_device": default_of(demo_config, "device"),
-    "phase2_seeds": list(default_of(phase2, "seeds")), "transfer_seeds": list(default_of(transfer, "seeds"))}
+    "split_seed": default_of(prepare, "seed"), "threshold": default_of(run_transfer, "threshold"), "demo_device": default_of(demo_config, "device"),
+    "phase2_seeds": list(default_of(phase2, "seeds")), "transfer_seeds": list(default_of(run_transfer, "seeds"))}
 
 def add_config_options(
     g, # an argparse parser or argument group
@@ -649,19 +651,20 @@ def cmd_transfer(a)->int:
     cfg = replace(train_from_args(a), progress=False)
     seeds = seed_list(a.seeds, FUNCTION_DEFAULTS["transfer_seeds"])   # default: the library's seeds per cell
     check_run_args(a)
+    if not is_distributed(): check_run(a.jobs, a.device)
     out = Path(a.out)
-    sources = {name: load_nonlinearities(path, f"--source {name}=") for name, path in paths.items()}
-    targets = {t: get_task(t, seed=a.task_seed, **params[t]) for t in names}
-    arch = next(iter(sources.values())).config_for(arch_from_args(a))
+    loaded = {name: load_nonlinearities(path, f"--source {name}=") for name, path in paths.items()}   # each file checked before any work
+    for name, path in paths.items(): check_disjoint_seeds(seeds, path)
+    targets = {t: (t, params[t]) for t in names}
+    arch = next(iter(loaded.values())).config_for(arch_from_args(a))
     hold_out_dir(out)
     if is_distributed():
-        tm = distributed_transfer(sources, targets, arch, cfg, seeds=seeds, threshold=a.threshold, resume=a.resume, out_dir=out,
-                                  backend=a.backend, timeout=a.timeout)
+        tm = distributed_transfer(paths, targets, arch, cfg, out, seeds=seeds, threshold=a.threshold, resume=a.resume,
+                                  backend=a.backend, timeout=a.timeout, task_seed=a.task_seed)
         if tm is None: return 0
     else:
-        print(f"transfer: {len(sources) + 1} rows x {len(targets)} targets x {len(seeds)} seeds, {cfg.steps} steps each", flush=True)
-        tm = transfer(sources, targets, arch, cfg, seeds=seeds, threshold=a.threshold, resume=a.resume)
-        tm.save(out)
+        tm = run_transfer(paths, targets, arch, cfg, out, seeds=seeds, threshold=a.threshold, jobs=a.jobs, resume=a.resume,
+                          device=a.device, task_seed=a.task_seed, log=lambda s: print(s, flush=True))
     report.transfer_report(tm, out / "report.html", [f"Sources: {', '.join(f'{k}={v}' for k, v in (i.split('=', 1) for i in a.source))}",
                                                      f"Targets: {', '.join(names)}; seeds {seeds}; threshold {a.threshold:.0%} test sequence accuracy",
                                                      report.arch_line(arch.to_dict()), report.train_line(cfg.to_dict()), f"Command: {_command_line()}"])

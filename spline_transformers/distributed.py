@@ -9,10 +9,10 @@ __all__ = ['TIMEOUT_ENV', 'FAULT_ENV', 'DEFAULT_TIMEOUT_S', 'BACKENDS', 'distrib
            'launch', 'DistInfo', 'is_distributed', 'default_backend', 'collective_timeout', 'dist_info',
            'init_distributed', 'shutdown', 'shard_sizes', 'shard', 'RankFailure', 'all_gather_objects',
            'broadcast_object', 'GradAllReduce', 'rank_checkpoint_dir', 'agreed_resume', 'check_identical_splines',
-           'SplineHistory', 'merge_phase1', 'cell_file', 'distributed_transfer']
+           'SplineHistory', 'merge_phase1', 'distributed_transfer']
 
 # %% ../nbs/10_distributed.ipynb #cbaa6fde
-import copy, datetime, math, os, signal, subprocess, sys, time
+import copy, datetime, math, os, signal, subprocess, sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NoReturn, Optional, Sequence, Union
@@ -29,11 +29,12 @@ import plotly.io as pio
 from .model import TransformerConfig
 from .ensemble import Ensemble
 from .model import Nonlinearities
-from .core import atomic_write, check_option, remove_stale_temps
+from .core import check_option
 from .train import TrainConfig, list_checkpoints, checkpoint_path, metrics_frame, load_state
-from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, TransferCell, transfer_cells, run_cell,
-                                           cell_name, check_disjoint_seeds, TRANSFER_SEEDS,
+from .two_phase import (Phase1Config, Phase1Result, phase1, arch_for, check_disjoint_seeds, TRANSFER_SEEDS,
                                            assemble_transfer, TransferMatrix)
+from .experiments import file_transfer_cells, read_table
+from .runner import batch_key, check_cells, run_cells
 
 # %% ../nbs/10_distributed.ipynb #9d4201cc
 def distributed_phase1(
@@ -500,45 +501,38 @@ def merge_phase1(
     return Phase1Result(local.nonlinearities, best.freeze(), int(best_step), metrics, cost, config, ens)
 
 # %% ../nbs/10_distributed.ipynb #cc09bb13
-def cell_file(
-    folder:Union[str,Path], # where finished cells are kept
-    cell:TransferCell, # the cell
-)->Path:
-    "The CSV of a finished transfer cell's metrics (named by `two_phase.cell_name`, like the cell's checkpoint folder)."
-    return Path(folder) / f"{cell_name(cell)}.csv"
-
-def _run_or_load_cell(cell, sources, targets, arch, cfg, folder, resume)->pd.DataFrame:
-    f = None if folder is None else cell_file(folder, cell)
-    if resume and f is not None and f.is_file(): return pd.read_csv(f)
-    df = run_cell(cell, sources, targets, arch, cfg, resume=bool(resume))   # an unfinished cell continues from its checkpoints
-    if f is not None: atomic_write(f, df.to_csv(index=False))
-    return df
-
 def distributed_transfer(
-    sources:dict, # name -> learned nonlinearities (Nonlinearities / Phase1Result / path), the same on every rank
-    targets:dict, # name -> task (or task name)
-    arch:TransformerConfig, # base architecture
-    cfg:Optional[TrainConfig]=None, # hyperparameters shared by every cell; cfg.checkpoint_dir keeps finished cells
+    sources:dict, # row name -> splines file (a Phase I folder or a .safetensors file), the same on every rank
+    targets:dict, # column name -> (task name, task parameters)
+    arch:TransformerConfig, # the model every cell trains (the sources' spline layout)
+    cfg:Optional[TrainConfig]=None, # Phase II config of every cell
+    out_dir:Union[str,Path]="spline_transfer", # rank 0 writes the matrices and metrics here; the cells live under <out_dir>/.cells/
     seeds:Sequence[int]=TRANSFER_SEEDS, # model seeds per cell (refused if they are Phase I seeds of a source)
     threshold:float=0.95, # accuracy threshold
-    resume=None, # None: every cell is run | True: finished cells are read back, unfinished ones continue from their checkpoints
-    out_dir:Optional[Union[str,Path]]=None, # rank 0 writes the matrices and all metrics there (CSV)
+    resume:bool=False, # continue unfinished cells (finished cells are always kept)
     backend:Optional[str]=None, # "nccl" | "gloo" | None (NCCL on GPUs, gloo on CPU)
     timeout:Optional[float]=None, # seconds a collective may wait (None: $SPLINE_TRANSFORMERS_DIST_TIMEOUT or 300)
+    task_seed:int=0, # the tasks' split seed
 )->Optional[TransferMatrix]:
-    "The transfer matrix with its (source, target, seed) cells dealt round-robin to the ranks; rank 0 returns (and writes) the matrix, the others None."
+    "The transfer matrix with the runner's cells dealt round-robin to the ranks; rank 0 returns (and writes) the matrix, the others None."
     for src in sources.values(): check_disjoint_seeds(seeds, src)   # every rank refuses alike, before any collective
-    info = init_distributed(backend, timeout)
     cfg = cfg or TrainConfig()
-    cells = transfer_cells(list(sources), list(targets), seeds)
-    folder = None if cfg.checkpoint_dir is None else Path(cfg.checkpoint_dir) / "cells"
-    if folder is not None: remove_stale_temps(folder)   # left by cell writes that were killed
-    cell_cfg = replace(cfg, device=_rank_device(cfg.device, info), progress=False)   # run_cell checkpoints each cell into its own subfolder
-    mine = [(i, c) for i, c in enumerate(cells) if i % info.world_size == info.rank]
-    done = [(i, _run_or_load_cell(c, sources, targets, arch, cell_cfg, folder, resume).to_dict("records")) for i, c in mine]
-    parts = all_gather_objects(done, "gathering the transfer cells on rank 0")
+    cells = file_transfer_cells(sources, targets, arch, cfg, seeds, task_seed)
+    info = init_distributed(backend, timeout)
+    root = Path(out_dir) / ".cells"; root.mkdir(parents=True, exist_ok=True)
+    mine = [c for i, c in enumerate(cells) if i % info.world_size == info.rank]
+    try: left, problem = check_cells({c.key: c for c in mine}, root, resume, lambda s: None), None
+    except ValueError as e: left, problem = {}, f"rank {info.rank}: {e}"
+    problems = [p for p in all_gather_objects(problem, "checking the transfer cells") if p]
+    if problems: raise ValueError(problems[0])   # every rank stops alike, before any training
+    device = _rank_device(cfg.device, info)
+    groups = {}
+    for c in left.values(): groups.setdefault(batch_key(c), []).append(c)   # a row's seeds on one target: one batched ensemble
+    for group in groups.values(): run_cells(group, root, device)           # in this rank's process
+    done = [(c.key, read_table(root / c.key / "metrics.csv").to_dict("records")) for c in mine]
+    parts = dict(p for part in all_gather_objects(done, "gathering the transfer cells on rank 0") for p in part)
     if not info.is_main: return None
-    results = [pd.DataFrame(rows) for _, rows in sorted((p for part in parts for p in part), key=lambda p: p[0])]
-    tm = assemble_transfer(results, threshold)
-    if out_dir is not None: tm.save(out_dir)
+    metrics = [pd.DataFrame(parts[c.key]).assign(model=c.label.split("->")[0], target=c.label.split("->")[1].split("/")[0]) for c in cells]
+    tm = assemble_transfer(metrics, threshold, rows=["standard", *sources], targets=list(targets))
+    tm.save(out_dir)
     return tm

@@ -9,23 +9,23 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 # %% auto #0
 __all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'EXPERIMENTS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting',
-           'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'register', 'get_experiment', 'read_json',
-           'read_table']
+           'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'file_transfer_cells', 'register',
+           'get_experiment', 'read_json', 'read_table']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import pandas as pd
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
-from .core import check_option, content_hash
+from .core import check_option, content_hash, tensor_digest
 from .model import TransformerConfig
 from .tasks import TASKS
 from .corpora import CORPORA
 from .train import TrainConfig
-from .two_phase import Phase1Config, spline_arch
+from .two_phase import Phase1Config, spline_arch, as_nonlinearities
 
 # %% ../nbs/09_experiments.ipynb #ce740053
 @dataclass(frozen=True)
@@ -224,6 +224,30 @@ def transfer_matrix_cells(exp:Experiment, size:str)->list:
                 nl = "standard" if row == "standard" else {"phase1": srcs[row][1].key}
                 spec = _train_spec(e, size, arch, seed, nl)
                 out.append(Cell(content_hash(spec), spec, () if row == "standard" else (srcs[row][1].key,), f"{exp.name}/{row}->{t}/seed{seed}"))
+    return out
+
+# %% ../nbs/09_experiments.ipynb #686e74a5
+def file_transfer_cells(
+    sources:dict, # row name -> splines file: a Phase I folder or a .safetensors file
+    targets:dict, # column name -> (task name, task parameters)
+    arch:TransformerConfig, # the model every cell trains (the sources' spline layout)
+    train:TrainConfig, # Phase II config of every cell
+    seeds:Sequence[int], # model seeds per cell
+    task_seed:int=0, # the tasks' split seed
+)->list:
+    "The cells of a transfer matrix over splines saved in files: (row, target, seed) for the standard row and every source."
+    if "standard" in sources: raise ValueError("'standard' is the standard transformer's row; give the source another name")
+    digests = {n: tensor_digest(as_nonlinearities(p).state_dict()) for n, p in sources.items()}   # a changed file is a new cell
+    out = []
+    for t, (task, params) in targets.items():
+        check_option(task, TASKS, "task")
+        for row in ("standard", *sources):
+            for seed in seeds:
+                nl = "standard" if row == "standard" else {"file": str(Path(sources[row]).resolve()), "sha256": digests[row]}
+                spec = {"kind": "train", "task": task, "task_params": dict(params), "arch": arch.to_dict(), "train": _device_free(train),
+                        "seed": int(seed), "eval_by": [], "nonlinearities": nl}
+                if task_seed: spec["task_seed"] = int(task_seed)
+                out.append(Cell(content_hash(spec), spec, (), f"{row}->{t}/seed{seed}"))
     return out
 
 # %% ../nbs/09_experiments.ipynb #2cf4123f

@@ -13,16 +13,14 @@ from typing import Optional, Sequence
 __all__ = ['cpu_setting']
 
 # %% ../nbs/09b_registry.ipynb #a253cc93
-from .model import TransformerConfig
-from .train import TrainConfig
-from .two_phase import Phase1Config
+from .two_phase import Phase1Config, demo_config
 from .experiments import Experiment, Phase1Run, Arm, Verdict, Setting, register
 
 # %% ../nbs/09b_registry.ipynb #01bffb6e
-_BASE_ARCH = TransformerConfig(vocab_size=1, max_len=8, n_layers=2, d_model=64, n_heads=4, mlp_act="gelu", attn_fn="softmax",
-                               n_knots=41, spline_range=6.0, mlp_init="gelu")
-_BASE_TRAIN = TrainConfig(steps=800, batch_size=64, lr=3e-3, warmup=50, eval_every=50, eval_examples=256, progress=False)
-_BASE_P1_TRAIN = TrainConfig(steps=400, batch_size=64, lr=3e-3, warmup=50, eval_every=50, eval_examples=256, progress=False)
+_DEMO = demo_config("cpu")   # chapter 8's demo is the base: its sizes are written once, there
+_BASE_ARCH = replace(_DEMO.arch, mlp_act="gelu")   # each arm chooses its nonlinearities
+_BASE_TRAIN = replace(_DEMO.train, eval_every=50, device="auto")   # evaluated every 50 steps (the demo every 25, for its curves)
+_BASE_P1_TRAIN = replace(_DEMO.phase1_train, device="auto")
 
 def _sizes(
     cpu:Setting, # the size the book commits
@@ -58,7 +56,7 @@ def cpu_setting(
 )->Setting:
     "A `cpu` setting: the base of the algorithmic experiments with this experiment's changes."
     return Setting(tuple(sorted(task_params.items())), replace(_BASE_ARCH, **(arch or {})), replace(_BASE_TRAIN, **(train or {})),
-                   replace(_BASE_P1_TRAIN, **(phase1_train or {})), Phase1Config(**{"spline_lr": 0.01, **(p1 or {})}),
+                   replace(_BASE_P1_TRAIN, **(phase1_train or {})), Phase1Config(**{"spline_lr": _DEMO.p1.spline_lr, **(p1 or {})}),
                    tuple(phase1_runs), tuple(arms), tuple(seeds), threshold, metric, tuple(eval_by))
 
 # %% ../nbs/09b_registry.ipynb #855f27bd

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'reproduce', 'result_state', 'load_data', 'corpus_probe', 'run_cell',
-           'batch_key', 'run_cells', 'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'summarise',
-           'summarise_transfer']
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'reproduce', 'result_state', 'check_run', 'check_cells', 'run_scheduled',
+           'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main', 'cell_problem', 'provenance',
+           'attention_tail', 'summarise', 'summarise_transfer', 'run_transfer']
 
 # %% ../nbs/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -22,15 +22,17 @@ import pandas as pd
 import torch
 
 # %% ../nbs/09c_runner.ipynb #979a78a4
-from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps,
+from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
                                       model_device, resolve_device, sha256_hex, staged_folder, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities
 from .ensemble import Ensemble
 from .tasks import get_task
 from .corpora import load_corpus
 from .train import TrainConfig
-from .two_phase import Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer
-from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, get_experiment, read_json, read_table)
+from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
+                                           check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
+from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, get_experiment, read_json, read_table,
+                                             file_transfer_cells)
 from .stats import per_seed, arm_table, decide
 from . import registry  # the book's experiments, registered on import
 
@@ -51,12 +53,8 @@ def reproduce(
     names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
     for n in names: get_experiment(n)
     check_option(size, SIZES, "size")
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
-    if jobs > _cpu_count():
-        raise ValueError(f"jobs={jobs}: this process may use {_cpu_count()} CPUs and each cell is a one-thread process; use jobs <= {_cpu_count()}")
     if size == "gpu" and device == "cpu": raise ValueError("the gpu size is the paper's; run it with device='cuda' (--device cuda) on a GPU machine")
-    try: resolve_device(device)
-    except RuntimeError as e: raise ValueError(str(e)) from None
+    check_run(jobs, device)
     names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).draws_on)) + names   # sources first
     names = list(dict.fromkeys(names))
     out = Path(out); root = out / ".cells"
@@ -69,60 +67,20 @@ def reproduce(
     kept = {n: read_json(out / n / "summary.json", "summary") for n, (st, _) in states.items() if st == "current" and not overwrite}
     run_names = [n for n in names if n not in kept]
     root.mkdir(parents=True, exist_ok=True)
-    results, t0 = dict(kept), time.perf_counter()
+    results = dict(kept)
     with FolderLock(root, "experiment cells folder"):   # before looking at the cells: a live run's cells are not "unfinished"
         todo = _pending(run_names, size)
-        problems = {k: cell_problem(c, root) for k, c in todo.items() if (root / k).is_dir()}
-        unfinished_keys = [k for k, p in problems.items() if p == "not done"]
-        unfinished = [todo[k].label for k in unfinished_keys]
-        damaged = {k: p for k, p in problems.items() if p not in (None, "not done")}
-        if (unfinished or damaged) and not resume:
-            what = (f"{len(unfinished)} cells of an earlier run are unfinished (e.g. {unfinished[0]})" if unfinished else
-                    f"{len(damaged)} done cells are damaged (e.g. {next(iter(damaged.values()))})")
-            raise ValueError(f"{what}; pass resume=True (--resume) to continue or re-run them")
-        for k in unfinished_keys: _check_not_running(todo[k], root)
-        for k, p in damaged.items():
-            say(f"{todo[k].label}: {p}; running it again")
-            shutil.rmtree(root / k)
+        left = check_cells(todo, root, resume, say)
         for n in kept: say(f"{n}: {states[n][1]}; kept (overwrite=True / --overwrite runs it again)")
-        left = {k: c for k, c in todo.items() if problems.get(k, "absent") is not None}
-        total, running, n_done = len(left), {}, 0
-        say(f"{', '.join(run_names) or 'nothing'} ({size}): {len(todo)} cells, {len(todo) - total} already done, {total} to run with {jobs} process(es)")
+        say(f"{', '.join(run_names) or 'nothing'} ({size}): {len(todo)} cells, {len(todo) - len(left)} already done, {len(left)} to run with {jobs} process(es)")
         def finish_ready():
             for n in run_names:
                 if n not in results and all(_is_done(root, c.key) for c in cells(EXPERIMENTS[n], size)):
                     results[n] = summarise(EXPERIMENTS[n], size, out, jobs, command)
                     v = results[n]["verdicts"][0]
                     say(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, 95% interval [{v['low']:.3g}, {v['high']:.3g}]) -> {out / n}")
-        try:
-            finish_ready()
-            while left or running:
-                ready = [k for k, c in left.items() if all(_is_done(root, d) for d in c.deps)]
-                while ready and len(running) < jobs:
-                    k = ready.pop(0); c = left.pop(k)
-                    mates = [j for j in ready if batch_key(left[j]) == batch_key(c)][:MAX_BATCH - 1] if batch_seeds else []
-                    group = [c] + [left.pop(j) for j in mates]; ready = [j for j in ready if j not in mates]
-                    for g in group: (root / g.key).mkdir(parents=True, exist_ok=True); _check_not_running(g, root)
-                    running[k] = (group, _cell_process(group, root, device, root / k / "log.txt"), time.perf_counter())
-                time.sleep(0.2)
-                for k, (group, p, ts) in list(running.items()):
-                    code = p.poll()
-                    if code is None: continue
-                    del running[k]
-                    problem = next((f"{g.label}: {q}" for g in group if (q := cell_problem(g, root)) is not None), None) if code == 0 else None
-                    if code != 0 or problem is not None:
-                        tail = (root / k / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
-                        raise RuntimeError(f"cell {_job_label(group)} failed (exit {code}{'; ' + problem if problem else ''}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
-                    n_done += len(group)
-                    el = time.perf_counter() - t0
-                    eta = el / n_done * (total - n_done)
-                    say(f"[{n_done}/{total}] {_job_label(group)} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(eta)}")
-                    finish_ready()
-                if not running and left and not ready:
-                    raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
-        finally:
-            for _, p, _ in running.values():
-                if p.poll() is None: p.terminate(); p.wait()
+        finish_ready()
+        run_scheduled(left, root, jobs, device, batch_seeds, say, finish_ready)
     return {n: results[n] for n in names if n in results}
 
 # %% ../nbs/09c_runner.ipynb #37398998
@@ -177,15 +135,89 @@ def _check_not_running(cell:Cell, root:Path):
         raise FolderInUse(f"cell {cell.label} is still being trained by {who[0] if who else 'another process'}, left by an earlier run; "
                           "wait for it or end it, then run again with --resume") from None
 
+# %% ../nbs/09c_runner.ipynb #0a3487da
+def check_run(
+    jobs:int, # processes at once
+    device:str, # where cells train
+):
+    "Refuse, before anything is written, a `jobs` this process cannot run at one thread each, or a device that is not there."
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1: raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if jobs > _cpu_count():
+        raise ValueError(f"jobs={jobs}: this process may use {_cpu_count()} CPUs and each cell is a one-thread process; use jobs <= {_cpu_count()}")
+    try: resolve_device(device)
+    except RuntimeError as e: raise ValueError(str(e)) from None
+
+def check_cells(
+    todo:dict, # key -> Cell: the cells a run needs
+    root:Path, # the `.cells` folder (locked by the caller)
+    resume:bool, # continue unfinished cells and run damaged ones again (else both are refused)
+    say:Callable, # progress lines
+)->dict:
+    "The cells of `todo` still to run; unfinished or damaged cells are refused in one line unless `resume` (then damaged ones start again)."
+    problems = {k: cell_problem(c, root) for k, c in todo.items() if (root / k).is_dir()}
+    unfinished_keys = [k for k, p in problems.items() if p == "not done"]
+    unfinished = [todo[k].label for k in unfinished_keys]
+    damaged = {k: p for k, p in problems.items() if p not in (None, "not done")}
+    if (unfinished or damaged) and not resume:
+        what = (f"{len(unfinished)} cells of an earlier run are unfinished (e.g. {unfinished[0]})" if unfinished else
+                f"{len(damaged)} done cells are damaged (e.g. {next(iter(damaged.values()))})")
+        raise ValueError(f"{what}; pass resume=True (--resume) to continue or re-run them")
+    for k in unfinished_keys: _check_not_running(todo[k], root)
+    for k, p in damaged.items():
+        say(f"{todo[k].label}: {p}; running it again")
+        shutil.rmtree(root / k)
+    return {k: c for k, c in todo.items() if problems.get(k, "absent") is not None}
+
+def run_scheduled(
+    left:dict, # key -> Cell: the cells to run (their dependencies done, or among them)
+    root:Path, # the `.cells` folder (locked by the caller)
+    jobs:int=1, # processes at once, one thread each
+    device:str="cpu", # where cells train
+    batch_seeds:bool=True, # ready cells with one `batch_key` go to one process as a batched ensemble
+    say:Optional[Callable]=None, # progress lines
+    after:Optional[Callable]=None, # called after every finished job (e.g. to write the results whose cells are all done)
+):
+    "The one process runner of measured work: run `left` as dependencies finish, `jobs` one-thread processes at a time, each line with the time left."
+    left, say = dict(left), say or (lambda s: None)
+    total, running, n_done, t0 = len(left), {}, 0, time.perf_counter()
+    try:
+        while left or running:
+            ready = [k for k, c in left.items() if all(_is_done(root, d) for d in c.deps)]
+            while ready and len(running) < jobs:
+                k = ready.pop(0); c = left.pop(k)
+                mates = [j for j in ready if batch_key(left[j]) == batch_key(c)][:MAX_BATCH - 1] if batch_seeds else []
+                group = [c] + [left.pop(j) for j in mates]; ready = [j for j in ready if j not in mates]
+                for g in group: (root / g.key).mkdir(parents=True, exist_ok=True); _check_not_running(g, root)
+                running[k] = (group, _cell_process(group, root, device, root / k / "log.txt"), time.perf_counter())
+            time.sleep(0.2)
+            for k, (group, p, ts) in list(running.items()):
+                code = p.poll()
+                if code is None: continue
+                del running[k]
+                problem = next((f"{g.label}: {q}" for g in group if (q := cell_problem(g, root)) is not None), None) if code == 0 else None
+                if code != 0 or problem is not None:
+                    tail = (root / k / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
+                    raise RuntimeError(f"cell {_job_label(group)} failed (exit {code}{'; ' + problem if problem else ''}): {' | '.join(tail)}; its log: {root / k / 'log.txt'}")
+                n_done += len(group)
+                el = time.perf_counter() - t0
+                say(f"[{n_done}/{total}] {_job_label(group)} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(el / n_done * (total - n_done))}")
+                if after: after()
+            if not running and left and not ready:
+                raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
+    finally:
+        for _, p, _ in running.values():
+            if p.poll() is None: p.terminate(); p.wait()
+
 # %% ../nbs/09c_runner.ipynb #688203ef
 def load_data(
     task:str, # a task name, or "corpus" (then `params` holds the corpus `name` and `load_corpus`'s arguments)
     params:dict, # the task's parameters, or the corpus's
+    seed:int=0, # the task's split seed
 ):
-    "The task (split seed 0) or corpus an experiment trains on."
+    "The task (split seed `seed`) or corpus an experiment trains on."
     if task == "corpus":
         p = dict(params); return load_corpus(p.pop("name"), **p)
-    return get_task(task, seed=0, **params)
+    return get_task(task, seed=seed, **params)
 
 def _train_config(d:dict, device:str, ckpt:Path)->TrainConfig:
     return TrainConfig.from_dict({**d, "device": device, "progress": False, "checkpoint_dir": str(ckpt), "keep_checkpoints": 1})
@@ -277,7 +309,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
     first = root / cells[0].key
     for c in cells: remove_stale_temps(root / c.key)
     s, t0 = cells[0].spec, time.perf_counter()
-    task = load_data(s["task"], s["task_params"])
+    task = load_data(s["task"], s["task_params"], s.get("task_seed", 0))
     ckpt = first / ("ckpt" if len(cells) == 1 else f"ckpt-{content_hash([c.key for c in cells])}")   # a batch's checkpoints name its cells
     resume = ckpt.is_dir() and any(ckpt.iterdir())
     if s["kind"] == "phase1":
@@ -292,6 +324,11 @@ def _run_cells(cells:list, root:Path, device:str)->list:
         elif "phase1" in nl:
             src = root / nl["phase1"] / "phase1"
             res = phase2(task, as_nonlinearities(src).in_form(nl["form"]) if "form" in nl else src, arch, cfg, seeds=seeds, name=name, resume=resume)
+        elif "file" in nl:
+            splines = as_nonlinearities(nl["file"])
+            if tensor_digest(splines.state_dict()) != nl["sha256"]:
+                raise ValueError(f"{nl['file']}: these splines changed after the cell was made (SHA-256 differs); make the cells again")
+            res = phase2(task, splines, arch, cfg, seeds=seeds, name=name, resume=resume)
         else:
             init = Ensemble(arch_for(task, spline_arch(arch, **nl["init"])), seeds=[0]).nonlinearities
             res = phase2(task, init, arch, cfg, seeds=seeds, name=name, resume=resume)
@@ -513,3 +550,35 @@ def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
+
+# %% ../nbs/09c_runner.ipynb #81234d50
+def run_transfer(
+    sources:dict, # row name -> splines file (a Phase I folder or a .safetensors file)
+    targets:dict, # column name -> (task name, task parameters)
+    arch:TransformerConfig, # the model every cell trains (the sources' spline layout)
+    cfg:TrainConfig, # Phase II config of every cell
+    out:Union[str,Path], # the matrices and metrics.csv go here, the cells under <out>/.cells/
+    seeds:Sequence[int]=TRANSFER_SEEDS, # model seeds per cell (refused if they are Phase I seeds of a source)
+    threshold:float=0.95, # accuracy threshold
+    jobs:int=1, # cells at once, each in its own one-thread process
+    resume:bool=False, # continue unfinished cells of a killed run (done cells are always kept)
+    device:str="cpu", # where cells train
+    task_seed:int=0, # the tasks' split seed
+    batch_seeds:bool=True, # train a row's seeds on one target as one batched ensemble
+    log:Optional[Callable]=print, # progress lines (None: silent)
+)->TransferMatrix:
+    "A transfer matrix over splines saved in files, run by the one runner (cells in one-thread processes, resumable); writes its matrices to `out`."
+    check_run(jobs, device)
+    for p in sources.values(): check_disjoint_seeds(seeds, p)   # before any training
+    cs = file_transfer_cells(sources, targets, arch, cfg, seeds, task_seed)
+    out = Path(out); root = out / ".cells"; root.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda s: None)
+    with FolderLock(root, "transfer cells folder"):
+        left = check_cells({c.key: c for c in cs}, root, resume, say)
+        say(f"transfer: {len(sources) + 1} rows x {len(targets)} targets x {len(seeds)} seeds, {cfg.steps} steps each: "
+            f"{len(cs) - len(left)} of {len(cs)} cells already done, {len(left)} to run with {jobs} process(es)")
+        run_scheduled(left, root, jobs, device, batch_seeds, say)
+    parts = [read_table(root / c.key / "metrics.csv").assign(model=c.label.split("->")[0], target=c.label.split("->")[1].split("/")[0]) for c in cs]
+    tm = assemble_transfer(parts, threshold, rows=["standard", *sources], targets=list(targets))
+    tm.save(out)
+    return tm

@@ -15,9 +15,9 @@ from typing import Callable, Optional, Sequence, Union
 __all__ = ['ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'PHASE1_KEYS', 'STANDARD',
            'MATRICES', 'Phase1Config', 'Phase1Result', 'load_phase1', 'phase1', 'arch_for', 'standard_arch',
            'spline_arch', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2',
-           'baseline', 'compare', 'corpus_summary', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell',
-           'TransferMatrix', 'assemble_transfer', 'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig',
-           'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
+           'baseline', 'compare', 'corpus_summary', 'TransferMatrix', 'assemble_transfer', 'nonlinearities_figure',
+           'curves_figure', 'DemoConfig', 'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default',
+           'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -400,47 +400,6 @@ def corpus_summary(
 
 
 # %% ../nbs/08_two_phase.ipynb #83449456
-@dataclass(frozen=True)
-class TransferCell:
-    "One unit of the transfer matrix: train one fresh model on `target` with `source`'s nonlinearities (or the standard ones)."
-    source:str # a key of the sources dict, or "standard"
-    target:str # a key of the targets dict
-    seed:int # model seed
-
-def transfer_cells(
-    sources:Sequence[str], # names of the learned nonlinearities (rows)
-    targets:Sequence[str], # names of the target tasks (columns)
-    seeds:Sequence[int]=TRANSFER_SEEDS, # model seeds per cell
-    standard:bool=True, # add the "standard" (GeLU/softmax) row
-)->list:
-    "Every (source, target, seed) cell of the matrix, standard row first."
-    rows = (["standard"] if standard else []) + [s for s in sources if s != "standard"]
-    return [TransferCell(s, t, int(seed)) for s in rows for t in targets for seed in seeds]
-
-def cell_name(cell:TransferCell)->str:
-    "The cell's name on disk, e.g. 'add__copy__seed0': its checkpoint subfolder, and (distributed) its finished-metrics file."
-    return f"{cell.source}__{cell.target}__seed{cell.seed}"
-
-def _target(targets:dict, name:str):
-    t = targets[name]
-    return get_task(t) if isinstance(t, str) else t
-
-def run_cell(
-    cell:TransferCell, # the unit of work
-    sources:dict, # name -> Nonlinearities / Phase1Result / path
-    targets:dict, # name -> task (or task name)
-    arch:TransformerConfig, # base architecture (vocab/max_len come from the target)
-    cfg:Optional[TrainConfig]=None, # hyperparameters (shared by every cell); checkpoints go to <checkpoint_dir>/<cell_name(cell)>
-    resume:bool=False, # continue the cell from the newest checkpoint in its folder (a notice if there is none)
-)->pd.DataFrame:
-    "Train one model for `cell` and return its metrics with a `target` column."
-    if cell.source != "standard" and cell.source not in sources: raise KeyError(f"unknown source {cell.source!r}; sources are {sorted(sources)}")
-    data = _target(targets, cell.target)
-    cfg = arm_config(replace(cfg or TrainConfig(), progress=False), cell_name(cell))   # every cell has its own checkpoints
-    if cell.source == "standard": res = _baseline(data, arch, cfg, [cell.seed], "standard", None, resume)
-    else: res = _phase2(data, sources[cell.source], arch, cfg, [cell.seed], cell.source, None, resume)
-    return res.metrics.assign(target=cell.target)
-
 MATRICES = ("speedup", "median_steps", "final_id", "final_ood")  # the matrices of a `TransferMatrix`
 
 @dataclass
@@ -470,7 +429,7 @@ class TransferMatrix:
         return out
 
 def assemble_transfer(
-    results:Sequence[pd.DataFrame], # metrics of cells (from `run_cell`: `model` names the row, a `target` column), in any order
+    results:Sequence[pd.DataFrame], # metrics of cells (`model` names the row, a `target` column the target), in any order
     threshold:Union[float,dict]=0.95, # accuracy threshold, or target -> its threshold
     metric:Union[str,dict]="seq_acc", # metric, or target -> its metric ("token_acc" for a corpus)
     split:Optional[str]=None, # ID split (None: "test", or "val" for a corpus)
@@ -498,19 +457,6 @@ def assemble_transfer(
     frame = lambda k: pd.DataFrame(cols[k]).reindex(index=order, columns=list(targets) if targets is not None else None)
     return TransferMatrix(frame("speedup"), frame("median_steps"), frame("final_id"), frame("final_ood"), df)
 
-def transfer(
-    sources:dict, # name -> learned nonlinearities (Nonlinearities / Phase1Result / path)
-    targets:dict, # name -> task (or task name)
-    arch:TransformerConfig, # base architecture
-    cfg:Optional[TrainConfig]=None, # hyperparameters shared by every cell; each cell checkpoints into <checkpoint_dir>/<cell_name>
-    seeds:Sequence[int]=TRANSFER_SEEDS, # model seeds per cell (refused if they are Phase I seeds of a source)
-    threshold:float=0.95, # accuracy threshold
-    resume:bool=False, # continue every cell from its newest checkpoint (a finished cell is only read back)
-)->TransferMatrix:
-    "Phase II of every (source, target) pair plus the standard row, in this process."
-    for src in sources.values(): check_disjoint_seeds(seeds, src)   # before any training
-    cells = transfer_cells(list(sources), list(targets), seeds)
-    return assemble_transfer([run_cell(c, sources, targets, arch, cfg, resume) for c in cells], threshold)
 
 # %% ../nbs/08_two_phase.ipynb #5e6d449a
 import plotly.graph_objects as go

@@ -266,6 +266,11 @@ def test_transfer_matrix(phase1_dir, tmp_path, capsys):
     assert list(sp.index) == ["standard", "add"] and list(sp.columns) == ["add", "copy"]
     assert set(pd.read_csv(out / "metrics.csv").target) == {"add", "copy"}
     assert (out / "report.html").is_file() and "speed-up" in stdout
+    assert len(list((out / ".cells").glob("*/done.json"))) == 4   # (2 rows x 2 targets x 1 seed) cells of the one runner
+    code, stdout, err = run(["transfer", "--source", f"add={phase1_dir}", "--targets", "add,copy", "--seeds", "1",
+                             "--n-layers", "1", "--d-model", "16", "--n-heads", "2", *TINY_TRAIN, "--out", out], capsys)
+    assert code == 0, err
+    assert "4 of 4 cells already done, 0 to run" in stdout   # a second run trains nothing again
 
 
 def test_phase1_under_torchrun(tmp_path):
@@ -392,7 +397,7 @@ class Worked(Exception):
 def no_work(monkeypatch):
     "Every expensive step of the commands fails the test if reached."
     def stop(*a, **k): raise Worked("the command started its work")
-    for name in ("run_demo", "phase1", "phase2", "baseline", "transfer", "prepare", "load_corpus", "distributed_phase1", "distributed_transfer"):
+    for name in ("run_demo", "phase1", "phase2", "baseline", "run_transfer", "prepare", "load_corpus", "distributed_phase1", "distributed_transfer"):
         monkeypatch.setattr(cli, name, stop)
     import spline_transformers.interpolation as interp
     monkeypatch.setattr(interp, "interpolate_file", stop)
@@ -522,10 +527,10 @@ def test_resume_from_nothing_says_so(tmp_path, capsys):
 
 @pytest.mark.parametrize("cmd", ["phase2", "transfer"])
 def test_resume_reaches_the_library(cmd, phase1_dir, tmp_path, monkeypatch, capsys):
-    "--resume is passed to phase2/baseline/transfer (each checkpoints into its own subfolder of --checkpoint-dir)."
+    "--resume is passed to phase2/baseline and to the runner's run_transfer (its cells continue from their checkpoints)."
     seen = {}
     def stub(*a, **k): seen.update(k); raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "phase2" if cmd == "phase2" else "transfer", stub)
+    monkeypatch.setattr(cli, "phase2" if cmd == "phase2" else "run_transfer", stub)
     argv = _command(cmd, "--out", tmp_path / "o", tmp_path, phase1_dir) + ["--checkpoint-dir", tmp_path / "ck", "--resume"]
     code, _, err = run(argv, capsys)
     assert code == 130, err

@@ -17,7 +17,8 @@ from spline_transformers.cli import build_parser, arch_from_args, train_from_arg
 from spline_transformers.core import atomic_write
 from spline_transformers.model import Nonlinearities
 from spline_transformers.tasks import get_task
-from spline_transformers.two_phase import phase1, Phase1Config, load_phase1, transfer, arch_for
+from spline_transformers.two_phase import phase1, Phase1Config, load_phase1, arch_for
+from spline_transformers.runner import run_transfer
 
 TASK = "--task add --task-param n_digits=3 --task-param ood_digits=[4,5]"
 SIZES = "--pos alibi --d-model 32 --n-layers 1 --n-heads 2 --batch-size 16 --warmup 0 --device cpu --no-progress"   # tiny: start-up dominates
@@ -94,7 +95,8 @@ def test_transfer_two_ranks_match_one_process(tmp_path):
     path = nl.save(tmp_path / "src.safetensors")
     r, wall = _run(f"{TRANSFER} --source s={path} --out {tmp_path / 'out'}")
     assert r.returncode == 0, r.stderr[-4000:]
-    ref = transfer({"s": str(path)}, {"add": task}, nl.config_for(arch_from_args(a)), cfg, seeds=(0, 1))
+    ref = run_transfer({"s": str(path)}, {"add": ("add", {"n_digits": 3, "ood_digits": [4, 5]})}, nl.config_for(arch_from_args(a)), cfg,
+                       tmp_path / "one", seeds=(0, 1), log=None)   # the one runner, in one-thread processes
     got = pd.read_csv(tmp_path / "out" / "metrics.csv")
     assert _same_metrics(ref.metrics, got) < TOL
     for k in ("median_steps", "final_id", "final_ood"):
@@ -140,24 +142,21 @@ def test_one_process_without_torchrun(tmp_path):
     with pytest.raises(ValueError, match="job with 2 ranks"): agreed_resume(tmp_path, True, info)
 
 
-def test_transfer_resume_reads_finished_cells(tmp_path, monkeypatch):
-    "A finished cell's CSV is read back on resume, not trained again; without resume it is trained."
+def test_transfer_outside_torchrun_runs_only_unfinished_cells(tmp_path, monkeypatch):
+    "One process (no torchrun): distributed_transfer trains the cells, then on a second call finds them done and trains none."
+    if any(k in os.environ for k in ("WORLD_SIZE", "MASTER_ADDR")): pytest.skip("running under a launcher")
     import spline_transformers.distributed as D
-    from spline_transformers.two_phase import TransferCell
-    cell = TransferCell("s", "add", 1)
-    df = pd.DataFrame(dict(step=[4], model=["s"], seed=[1], split=["test"], metric=["loss"], value=[0.25], target=["add"]))
-    atomic_write(D.cell_file(tmp_path, cell), df.to_csv(index=False))
-    def boom(*a, **k): raise AssertionError("run_cell must not be called for a finished cell")
-    monkeypatch.setattr(D, "run_cell", boom)
-    back = D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=True)
-    assert back.to_dict("records") == df.to_dict("records")
-    with pytest.raises(AssertionError, match="must not be called"): D._run_or_load_cell(cell, {}, {}, None, None, tmp_path, resume=None)
-    seen = {}
-    def record(*a, **k): seen.update(k); return df
-    monkeypatch.setattr(D, "run_cell", record)   # an unfinished cell continues from its own checkpoints
-    D._run_or_load_cell(TransferCell("s", "add", 2), {}, {}, None, None, tmp_path, resume=True)
-    assert seen == {"resume": True}
-    assert D.cell_file(tmp_path, cell).name == "s__add__seed1.csv"
+    a = build_parser().parse_args(_args(TRANSFER) + ["--source", "s=x"])
+    task = get_task("add", n_digits=3, ood_digits=(4, 5))
+    nl = Nonlinearities.from_config(arch_for(task, replace(arch_from_args(a), mlp_act="spline", n_knots=16)))
+    path = nl.save(tmp_path / "src.safetensors")
+    targets = {"add": ("add", {"n_digits": 3, "ood_digits": [4, 5]})}
+    first = D.distributed_transfer({"s": str(path)}, targets, nl.config_for(arch_from_args(a)), train_from_args(a), tmp_path / "out", seeds=(0, 1))
+    assert len(list((tmp_path / "out" / ".cells").glob("*/done.json"))) == 4
+    def boom(*a, **k): raise AssertionError("run_cells must not be called for finished cells")
+    monkeypatch.setattr(D, "run_cells", boom)
+    again = D.distributed_transfer({"s": str(path)}, targets, nl.config_for(arch_from_args(a)), train_from_args(a), tmp_path / "out", seeds=(0, 1))
+    pd.testing.assert_frame_equal(first.final_id, again.final_id)
 
 
 CLI_PHASE1 = (f"phase1 {TASK} --n-models 3 --model-seeds 0,1,2 --steps 6 --eval-every 3 --eval-examples 32 --d-model 32 "
