@@ -342,6 +342,29 @@ def test_ensemble_seeds_rule_and_rng_untouched():
         Ensemble(CFG, n_models=3, seeds=[1, 2])
 
 
+@pytest.mark.parametrize("cfg", [CFG, replace(CFG, mlp_act="spline", attn_fn="spline", pre_qkv_spline=True, sharing="per_layer"),
+                                 replace(CFG, mlp_act="glu_spline", sharing="ends", n_layers=3)], ids=["standard", "splines", "glu_ends"])
+def test_ensemble_builds_one_spline_set_and_the_old_weights(cfg, monkeypatch):
+    "Issue 24: an ensemble builds its splines once (or takes them), and its weights are bit for bit those of M separately built models, as before."
+    seeds = [4, 100, 7]
+    old = []   # the old construction: each model its own Transformer(cfg), with a spline set of its own
+    for s in seeds:
+        torch.manual_seed(s); old.append(Transformer(cfg))
+    built = []
+    init = Nonlinearities.__init__
+    monkeypatch.setattr(Nonlinearities, "__init__", lambda self, *a, **kw: (built.append(1), init(self, *a, **kw))[1])
+    torch.manual_seed(9); ens = Ensemble(cfg, seeds=seeds); after = torch.rand(1)
+    assert len(built) == 1   # one set for M models
+    torch.manual_seed(9); assert torch.equal(torch.rand(1), after)   # the caller's random stream is untouched
+    shared = Nonlinearities.from_config(cfg); built.clear()
+    given = Ensemble(cfg, seeds=seeds, nonlinearities=shared)
+    assert built == [] and given.nonlinearities is shared
+    for m, t in enumerate(old):
+        for n, p in t.weight_named_parameters():
+            assert torch.equal(ens.weight(n)[m], p) and torch.equal(given.weight(n)[m], p), (m, n)
+    for a, b in zip(ens.nonlinearities.parameters(), old[0].nonlinearities.parameters()): assert torch.equal(a, b)
+
+
 def test_ensemble_detach_and_param_groups():
     ens = Ensemble(CFG, n_models=2)
     x = tokens(2, 8)
