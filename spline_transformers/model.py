@@ -6,11 +6,12 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'FORMS', 'TransformerConfig', 'spline_layout', 'FixedSpline',
-           'PreQKVSpline', 'Nonlinearities', 'read_afs_csv', 'write_afs_csv', 'mlp_activation', 'MLP', 'rms_norm',
-           'RMSNorm', 'make_norm', 'Block', 'check_detach', 'check_tokens', 'Transformer', 'check_nonlinearities',
-           'decay_groups', 'smooth_values', 'symmetrise_values', 'future_leak']
+           'PreQKVSpline', 'Nonlinearities', 'read_afs_csv', 'write_afs_csv', 'record_preactivations', 'mlp_activation',
+           'MLP', 'rms_norm', 'RMSNorm', 'make_norm', 'Block', 'check_detach', 'check_tokens', 'Transformer',
+           'check_nonlinearities', 'decay_groups', 'smooth_values', 'symmetrise_values', 'future_leak']
 
 # %% ../nbs/03_model.ipynb #16d6056d
+import contextlib
 import json
 import math
 import numbers
@@ -436,6 +437,16 @@ def write_afs_csv(
 
 # %% ../nbs/03_model.ipynb #41fd7cfc
 GATED = ("glu_spline", "swiglu")
+_preactivation_recorders = []   # the functions `record_preactivations` has installed (empty: no cost)
+
+@contextlib.contextmanager
+def record_preactivations(
+    fn:Callable, # called as fn(h) with the input of the MLP nonlinearity of every `mlp_activation` call in the block
+):
+    "Within the block, `mlp_activation` also hands `fn` what its nonlinearity is applied to (a gated MLP's gate half), detached; the output is unchanged."
+    _preactivation_recorders.append(fn)
+    try: yield fn
+    finally: _preactivation_recorders.remove(fn)
 
 def mlp_activation(
     h:torch.Tensor, # pre-activations: (..., d_mlp), or (..., 2 d_mlp) for the gated variants (gate first)
@@ -443,6 +454,9 @@ def mlp_activation(
     phi:Optional[Callable]=None, # the spline for "spline" and "glu_spline"
 )->torch.Tensor:
     "Apply the MLP nonlinearity named `mlp_act` to the output of the first MLP matrix."
+    if _preactivation_recorders:   # someone watches (`record_preactivations`): what the nonlinearity is applied to
+        seen = (h.chunk(2, dim=-1)[0] if mlp_act in GATED else h).detach()
+        for fn in list(_preactivation_recorders): fn(seen)
     if mlp_act == "gelu": return F.gelu(h)
     if mlp_act == "relu": return F.relu(h)
     if mlp_act == "spline": return phi(h)
