@@ -16,8 +16,8 @@ __all__ = ['ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS',
            'MATRICES', 'Phase1Config', 'Phase1Result', 'load_phase1', 'phase1', 'arch_for', 'standard_arch',
            'spline_arch', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2',
            'baseline', 'compare', 'corpus_summary', 'TransferCell', 'transfer_cells', 'cell_name', 'run_cell',
-           'TransferMatrix', 'assemble_transfer', 'transfer', 'nonlinearities_figure', 'curves_figure', 'DemoConfig',
-           'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
+           'TransferMatrix', 'assemble_transfer', 'transfer', 'curves_figure', 'DemoConfig', 'demo_config',
+           'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 # %% ../nbs/08_two_phase.ipynb #e22b5a47
-from .model import TransformerConfig, Nonlinearities
+from .model import TransformerConfig, Nonlinearities, nonlinearities_figure
 from .ensemble import Ensemble
 from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
@@ -508,45 +508,8 @@ def transfer(
 
 # %% ../nbs/08_two_phase.ipynb #5e6d449a
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 # %% ../nbs/08_two_phase.ipynb #c7a0c679
-def nonlinearities_figure(
-    nl:Nonlinearities, # the splines to draw
-    title:str="Learned nonlinearities beside GeLU and exp", # figure title
-    others:Optional[dict]=None, # extra name -> Nonlinearities of the same layout, drawn dashed in the same panels (e.g. {"best": ...})
-)->go.Figure:
-    "One panel per spline: MLP activations beside GeLU, attention kernels beside exp (scaled to agree at 0); knots marked."
-    panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
-    if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
-    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
-    shown = set()
-    def line(c, x, y, label, **style):
-        fig.add_scatter(x=x, y=y, name=label, showlegend=label not in shown, legendgroup=label, row=1, col=c, **style); shown.add(label)
-    for c, (kind, i, s) in enumerate(panels, start=1):
-        with torch.no_grad():
-            x = torch.linspace(float(s.x_min), float(s.x_max), 801)
-            y = s(x).float().numpy(); xs = x.numpy()
-            if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
-            else:
-                at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
-                ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
-            lo, hi = float(min(y.min(), 0)), float(max(y.max(), 0))
-            line(c, xs, ref, label, line=dict(dash="dot", color="gray"))
-            line(c, xs, y, "learned", line=dict(color="#636efa"))
-            fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().float().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
-                            name="knots", showlegend=False, hoverinfo="skip", row=1, col=c)
-            for label, other in (others or {}).items():
-                o = getattr(other, kind)[i](x).float().numpy()
-                line(c, xs, o, label, line=dict(dash="dash"))
-                lo, hi = min(lo, float(o.min())), max(hi, float(o.max()))
-        pad = 0.15 * (hi - lo or 1.0)
-        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=c)   # the reference may leave the learned spline's range (exp does)
-        fig.update_xaxes(title_text="pre-activation" if kind == "mlp" else "attention score s", row=1, col=c)
-    fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
-    return fig
-
 def curves_figure(
     metrics:pd.DataFrame, # tidy metrics of one or more arms
     metric:str="seq_acc", # which metric

@@ -270,12 +270,14 @@ def test_transfer_matrix_saves_itself(task, tmp_path):
 def test_one_figure_draws_learned_splines_with_both_references(task):
     "`nonlinearities_figure` draws MLP splines beside GeLU and attention kernels beside exp; the report draws the same."
     from spline_transformers import report
-    from spline_transformers.two_phase import nonlinearities_figure
+    from spline_transformers.model import nonlinearities_figure
     nl = Nonlinearities.from_config(arch_for(task, ARCH))
     fig = nonlinearities_figure(nl, others={"best": nl})
     names = {t.name for t in fig.data}
     assert {"GeLU", "exp (softmax), scaled", "learned", "best"} <= names, names
     assert not hasattr(report, "splines_figure")   # one function, not two with different references
+    import ast, inspect   # issue 24: the figure lives beside Nonlinearities, and the report does not import two_phase to draw
+    assert "two_phase" not in {n.module for n in ast.walk(ast.parse(inspect.getsource(report))) if isinstance(n, ast.ImportFrom)}
 
 
 def test_demo_result_writes_its_whole_folder(task, tmp_path):
