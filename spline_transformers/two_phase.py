@@ -47,7 +47,7 @@ class Phase1Config:
     "Settings specific to Phase I (the rest is the run's TrainConfig)."
     n_models:int=8 # M: models sharing the splines
     seeds:Optional[tuple]=None # init seed of each model (default: 100..100+M-1, disjoint from Phase II's 0..4); also seeds its data stream
-    spline_lr:float=0.01 # Adam lr of the splines (paper's code: 0.1; see the text)
+    spline_lr:float=0.01 # Adam lr of the splines, its one home (paper's code: 0.1; see the text)
     spline_betas:tuple=(0.99, 0.999) # Adam betas of the splines (paper's code)
     spline_grad_clip:Optional[float]=None # max norm of the splines' gradient (None: no clipping, as the paper's code)
     arch_loss:str="heldout" # "heldout": splines learn from D_arch only (ICLR) | "train": from the training loss (code)
@@ -145,9 +145,6 @@ def phase1(
     "Phase I: M models with their own weights learn one shared set of splines from the held-out loss."
     cfg = replace(cfg or TrainConfig(), **overrides)
     p1 = p1 or Phase1Config()
-    if cfg.spline_lr is not None or cfg.spline_betas != TrainConfig.spline_betas:
-        raise ValueError(f"Phase I's spline optimiser is set by Phase1Config.spline_lr/spline_betas (now {p1.spline_lr:g}, {p1.spline_betas}); "
-                         "TrainConfig.spline_lr/spline_betas apply to `train` only: set them in Phase1Config instead")
     arch = arch_for(data, arch); _check_spline_arch(arch)
     device = resolve_device(cfg.device)
     M, seeds = p1.n_models, list(p1.seeds)
