@@ -7,7 +7,8 @@ Docs: https://spline-transformers.github.io/spline_transformers/attention.html.m
 # %% auto #0
 __all__ = ['ATTN_FNS', 'POSITIONS', 'ATTN_BACKENDS', 'ATTN_CPP_SOURCE', 'attend', 'attention_mask', 'alibi_slopes', 'alibi_bias',
            'sinusoidal_positions', 'softmax_attention', 'set_attention_backend', 'spline_attention',
-           'hardmax_attention', 'attention_weights', 'SelfAttention', 'attention_backend', 'SplineAttnWeights']
+           'hardmax_attention', 'attention_weights', 'record_scores', 'SelfAttention', 'attention_backend',
+           'SplineAttnWeights']
 
 # %% ../nbs/02_attention.ipynb #5f879586
 import contextlib, math, os, threading
@@ -37,10 +38,15 @@ def attend(
 )->torch.Tensor:
     "Self-attention with a chosen score nonlinearity; returns (..., H, T, d_head)."
     check_option(attn_fn, ATTN_FNS, "attn_fn")
+    if _score_recorders:   # someone watches the scores (`record_scores`, below)
+        s = _scores(q, k, bias).detach()
+        for fn in list(_score_recorders): fn(s)
     if attn_fn == "softmax": return softmax_attention(q, k, v, mask, bias, dropout_p, causal)
     if attn_fn == "hardmax": return hardmax_attention(q, k, v, mask, bias, causal)
     if phi is None: raise ValueError("attn_fn='spline' needs phi, the kernel function (e.g. a LinearSpline initialised with init='exp')")
     return spline_attention(q, k, v, phi, mask, bias, dropout_p, causal, eps, stats)
+
+_score_recorders = []   # the functions `record_scores` (below) has installed; empty, `attend` spends nothing on them
 
 # %% ../nbs/02_attention.ipynb #dea137ae
 ATTN_FNS = ("softmax", "spline", "hardmax")  # score nonlinearities `attend` knows
@@ -236,6 +242,16 @@ def attention_weights(
     w = phi(s)
     if mask is not None: w = w.masked_fill(~mask, 0.0)
     return w / _guard(w.sum(-1, keepdim=True), _floor(w, eps))
+
+# %% ../nbs/02_attention.ipynb #58c5f0fe
+@contextlib.contextmanager
+def record_scores(
+    fn:Callable, # called as fn(scores) with the (..., H, T, T) scores of every `attend` call in the block
+):
+    "Within the block, `attend` also hands `fn` its scores q·k/√d + bias (float32, detached, before any mask); the attention itself is unchanged."
+    _score_recorders.append(fn)
+    try: yield fn
+    finally: _score_recorders.remove(fn)
 
 # %% ../nbs/02_attention.ipynb #bd9dcb80
 class SelfAttention(nn.Module):

@@ -39,7 +39,8 @@ class Ensemble(nn.Module):
             raise ValueError(f"n_models={n_models} but {len(seeds)} seeds were given; give one seed per model")
         if not seeds: raise ValueError("an ensemble needs at least one model")
         self.seeds = seeds
-        self._setup(cfg, [_build(cfg, s) for s in seeds], nonlinearities if nonlinearities is not None else Nonlinearities.from_config(cfg))
+        nl = check_nonlinearities(nonlinearities, cfg) if nonlinearities is not None else Nonlinearities.from_config(cfg)
+        self._setup(cfg, [_build(cfg, s, nl) for s in seeds], nl)   # one set of splines, built once and shared
 
     def _setup(self, cfg, models, nl):
         self.cfg, self.n_models = cfg, len(models)
@@ -56,11 +57,11 @@ class Ensemble(nn.Module):
 
 def _key(name:str)->str: return name.replace(".", "__")  # parameter names cannot contain dots
 
-def _build(cfg:TransformerConfig, seed:int)->Transformer:
-    "Transformer(cfg) built under torch.manual_seed(seed), leaving the caller's random state as it was."
+def _build(cfg:TransformerConfig, seed:int, nl:Nonlinearities)->Transformer:
+    "Transformer(cfg) with the shared splines `nl`, its weights built under torch.manual_seed(seed), leaving the caller's random state as it was."
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Transformer(cfg)
+        return Transformer(cfg, nonlinearities=nl)
 
 # %% ../nbs/04_ensemble.ipynb #4710f815
 def batched_linear(

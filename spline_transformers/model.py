@@ -6,11 +6,13 @@ Docs: https://spline-transformers.github.io/spline_transformers/model.html.md"""
 
 # %% auto #0
 __all__ = ['MLP_ACTS', 'SHARINGS', 'NORMS', 'GATED', 'DETACH', 'FORMS', 'TransformerConfig', 'spline_layout', 'FixedSpline',
-           'PreQKVSpline', 'Nonlinearities', 'read_afs_csv', 'write_afs_csv', 'mlp_activation', 'MLP', 'rms_norm',
-           'RMSNorm', 'make_norm', 'Block', 'check_detach', 'check_tokens', 'Transformer', 'check_nonlinearities',
-           'decay_groups', 'smooth_values', 'symmetrise_values', 'future_leak']
+           'PreQKVSpline', 'Nonlinearities', 'read_afs_csv', 'write_afs_csv', 'nonlinearities_figure',
+           'record_preactivations', 'mlp_activation', 'MLP', 'rms_norm', 'RMSNorm', 'make_norm', 'Block',
+           'check_detach', 'check_tokens', 'Transformer', 'check_nonlinearities', 'decay_groups', 'smooth_values',
+           'symmetrise_values', 'future_leak']
 
 # %% ../nbs/03_model.ipynb #16d6056d
+import contextlib
 import json
 import math
 import numbers
@@ -22,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 from safetensors.torch import save as safetensors_bytes
 from fastcore.basics import patch
 
@@ -434,8 +438,56 @@ def write_afs_csv(
     atomic_write(path, "\n".join(rows) + "\n")
     return path
 
+# %% ../nbs/03_model.ipynb #e69c4bf2
+def nonlinearities_figure(
+    nl:Nonlinearities, # the splines to draw
+    title:str="Learned nonlinearities beside GeLU and exp", # figure title
+    others:Optional[dict]=None, # extra name -> Nonlinearities of the same layout, drawn dashed in the same panels (e.g. {"best": ...})
+)->go.Figure:
+    "One panel per spline: MLP activations beside GeLU, attention kernels beside exp (scaled to agree at 0); knots marked."
+    panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
+    if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
+    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
+    shown = set()
+    def line(c, x, y, label, **style):
+        fig.add_scatter(x=x, y=y, name=label, showlegend=label not in shown, legendgroup=label, row=1, col=c, **style); shown.add(label)
+    for c, (kind, i, s) in enumerate(panels, start=1):
+        with torch.no_grad():
+            x = torch.linspace(float(s.x_min), float(s.x_max), 801)
+            y = s(x).float().numpy(); xs = x.numpy()
+            if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
+            else:
+                at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
+                ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
+            lo, hi = float(min(y.min(), 0)), float(max(y.max(), 0))
+            line(c, xs, ref, label, line=dict(dash="dot", color="gray"))
+            line(c, xs, y, "learned", line=dict(color="#636efa"))
+            fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().float().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
+                            name="knots", showlegend=False, hoverinfo="skip", row=1, col=c)
+            for label, other in (others or {}).items():
+                o = getattr(other, kind)[i](x).float().numpy()
+                line(c, xs, o, label, line=dict(dash="dash"))
+                lo, hi = min(lo, float(o.min())), max(hi, float(o.max()))
+        pad = 0.15 * (hi - lo or 1.0)
+        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=c)   # the reference may leave the learned spline's range (exp does)
+        fig.update_xaxes(title_text="pre-activation" if kind == "mlp" else "attention score s", row=1, col=c)
+    fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
+    return fig
+
+
 # %% ../nbs/03_model.ipynb #41fd7cfc
 GATED = ("glu_spline", "swiglu")
+_preactivation_recorders = []   # the functions `record_preactivations` has installed (empty: no cost)
+
+@contextlib.contextmanager
+def record_preactivations(
+    fn:Callable, # called as fn(h) with the input of the MLP nonlinearity of every `mlp_activation` call in the block
+):
+    "Within the block, `mlp_activation` also hands `fn` what its nonlinearity is applied to (a gated MLP's gate half), detached; the output is unchanged."
+    _preactivation_recorders.append(fn)
+    try: yield fn
+    finally: _preactivation_recorders.remove(fn)
 
 def mlp_activation(
     h:torch.Tensor, # pre-activations: (..., d_mlp), or (..., 2 d_mlp) for the gated variants (gate first)
@@ -443,6 +495,9 @@ def mlp_activation(
     phi:Optional[Callable]=None, # the spline for "spline" and "glu_spline"
 )->torch.Tensor:
     "Apply the MLP nonlinearity named `mlp_act` to the output of the first MLP matrix."
+    if _preactivation_recorders:   # someone watches (`record_preactivations`): what the nonlinearity is applied to
+        seen = (h.chunk(2, dim=-1)[0] if mlp_act in GATED else h).detach()
+        for fn in list(_preactivation_recorders): fn(seen)
     if mlp_act == "gelu": return F.gelu(h)
     if mlp_act == "relu": return F.relu(h)
     if mlp_act == "spline": return phi(h)

@@ -25,9 +25,8 @@ import plotly.io as pio
 
 # %% ../nbs/09e_report.ipynb #01011f8b
 from .core import atomic_write
-from .model import Nonlinearities
 from .viz import seed_band_figure, book_template, fit_figure
-from .two_phase import nonlinearities_figure
+from .model import Nonlinearities, nonlinearities_figure
 
 # %% ../nbs/09e_report.ipynb #cd925e3b
 PAGE_STYLE = """

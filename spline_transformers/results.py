@@ -95,7 +95,7 @@ import plotly.graph_objects as go
 
 # %% ../nbs/09d_results.ipynb #26929251
 from .viz import seed_band_figure, matrix_heatmap
-from .two_phase import nonlinearities_figure
+from .model import nonlinearities_figure
 
 # %% ../nbs/09d_results.ipynb #3bb71a39
 def _arm_order(result:dict)->list:

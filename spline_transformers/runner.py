@@ -24,7 +24,8 @@ import torch
 # %% ../nbs/09c_runner.ipynb #979a78a4
 from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
                                       model_device, resolve_device, sha256_hex, staged_folder, FolderLock, FolderInUse)
-from .model import TransformerConfig, Nonlinearities
+from .model import TransformerConfig, Nonlinearities, record_preactivations
+from .attention import record_scores
 from .ensemble import Ensemble
 from .tasks import get_task
 from .corpora import load_corpus
@@ -246,23 +247,13 @@ def corpus_probe(
     seed:int=0, # the sampling seed
 )->dict:
     "What a trained language model does inside and out: histograms of its MLP pre-activations and attention scores per layer, and a text sample."
-    from spline_transformers import ensemble as ens_mod
-    from spline_transformers.model import GATED
     seen = {"mlp": [], "attn": []}
-    act, attend = ens_mod.mlp_activation, ens_mod.attend
-    def recording_act(h, mlp_act, phi=None):
-        seen["mlp"].append((h[..., : h.shape[-1] // 2] if mlp_act in GATED else h).float().flatten().cpu())
-        return act(h, mlp_act, phi)
-    def recording_attend(q, k, v, *a, **kw):
-        sc = torch.matmul(q.float() * (1.0 / math.sqrt(q.shape[-1])), k.float().transpose(-2, -1)); T = sc.shape[-1]   # the scores q·k/√d
-        if kw.get("bias") is not None: sc = sc + kw["bias"].float()
-        seen["attn"].append(sc[..., torch.ones(T, T, dtype=torch.bool, device=sc.device).tril()].float().flatten().cpu())
-        return attend(q, k, v, *a, **kw)
+    def mlp(h): seen["mlp"].append(h.float().flatten().cpu())
+    def attn(s):   # the scores of the pairs a causal model attends to: the lower triangle
+        T = s.shape[-1]; seen["attn"].append(s[..., torch.ones(T, T, dtype=torch.bool, device=s.device).tril()].float().flatten().cpu())
     was_training = model.training; model.eval()
     x = data.eval_set("val", windows).x.to(model_device(model))
-    ens_mod.mlp_activation, ens_mod.attend = recording_act, recording_attend
-    try: model(x)
-    finally: ens_mod.mlp_activation, ens_mod.attend = act, attend
+    with record_preactivations(mlp), record_scores(attn): model(x)
     lm = model.extract(0)
     prompt = x[0, :prompt_tokens]
     out = lm.generate(prompt, sample_tokens, temperature=temperature, generator=torch.Generator(device=prompt.device).manual_seed(seed))

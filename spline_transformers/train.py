@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT', 'EXPLODING_LOSS',
-           'EXPLODING_NORM', 'POSTFIX_FIRST', 'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig', 'lr_multiplier',
-           'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models', 'masked_cross_entropy',
+__all__ = ['SCHEDULES', 'RETIRED_TRAIN_FIELDS', 'RUN_ONLY_FIELDS', 'RESUME_CHANGEABLE', 'METRIC_COLUMNS', 'CHECKPOINT_FORMAT',
+           'EXPLODING_LOSS', 'EXPLODING_NORM', 'POSTFIX_FIRST', 'THREADS_ENV', 'SMALL_MODEL_WIDTH', 'TrainConfig',
+           'lr_multiplier', 'n_models_of', 'is_ensemble', 'model_seeds', 'forward_models', 'masked_cross_entropy',
            'clip_grad_norm_per_model_', 'derive_seed', 'data_generator', 'stack_batches', 'metrics_frame',
            'steps_to_threshold', 'seed_quantiles', 'lower_median', 'speedup', 'CheckpointError', 'save_state',
            'load_state', 'TrainingDiverged', 'nonfinite_state', 'weight_norm', 'exploding', 'TrainState',
@@ -64,11 +64,9 @@ class TrainConfig:
     checkpoint_every:Optional[int]=None # steps between checkpoints (None: at every evaluation)
     keep_checkpoints:Optional[int]=None # keep only the newest this many (None: keep all)
     progress:bool=True # show a tqdm progress bar
-    spline_lr:Optional[float]=None # lr of trainable splines in `train` (None: `lr`); Phase I uses `Phase1Config.spline_lr` instead
-    spline_betas:tuple=(0.99, 0.999) # Adam betas of trainable splines in `train` (the paper's code); Phase I: `Phase1Config.spline_betas`
 
     def __post_init__(self):
-        self.betas, self.spline_betas = tuple(self.betas), tuple(self.spline_betas)
+        self.betas = tuple(self.betas)
         if self.eval_splits is not None: self.eval_splits = tuple(self.eval_splits)
         check_option(self.schedule, SCHEDULES, "schedule")
         for k in ("steps", "batch_size", "eval_every", "eval_batch_size"):
@@ -82,21 +80,33 @@ class TrainConfig:
         if self.checkpoint_every is not None and self.checkpoint_every < 1: raise ValueError("checkpoint_every must be >= 1 or None")
 
     def to_dict(self)->dict:
-        "The config as a JSON-able dict."
-        return {**asdict(self), "betas": list(self.betas), "spline_betas": list(self.spline_betas), "eval_splits": None if self.eval_splits is None else list(self.eval_splits)}
+        "The config as a JSON-able dict, with `RETIRED_TRAIN_FIELDS` at their fixed values (so earlier configs hash and compare as before)."
+        return {**asdict(self), "betas": list(self.betas), "eval_splits": None if self.eval_splits is None else list(self.eval_splits),
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in RETIRED_TRAIN_FIELDS.items()}}
 
     @classmethod
     def from_dict(cls, d:dict)->"TrainConfig":
-        "A config from `to_dict`'s output; unknown keys are an error."
+        "A config from `to_dict`'s output; unknown keys are an error, and so is a retired field at another value than its fixed one."
+        d = dict(d)
+        for k, fixed in RETIRED_TRAIN_FIELDS.items():
+            v = d.pop(k, fixed)
+            if (tuple(v) if isinstance(v, (list, tuple)) else v) != fixed:
+                raise ValueError(f"TrainConfig has no {k} (given {v!r}): splines have an optimiser of their own only in Phase I, set by "
+                                 f"Phase1Config.{k}; in `train` trainable splines learn with the weights (lr, betas, no weight decay)")
         return from_dict(cls, d)
+
+# Fields TrainConfig once had, kept in its dicts at the only value they may now take. The spline optimiser's settings
+# live in Phase1Config (the one place splines have an optimiser of their own); the config hashes of committed results
+# and the metas of checkpoints are computed over these dicts, and stay as they were.
+RETIRED_TRAIN_FIELDS = {"spline_lr": None, "spline_betas": (0.99, 0.999)}
 
 # Fields that may differ between a run and its resumption: they change how it runs, not what it computes.
 RUN_ONLY_FIELDS = ("device", "compile", "checkpoint_dir", "checkpoint_every", "keep_checkpoints", "progress")
 # Settings that may change on resumption although they change the result: the way out of a divergence is a lower
-# learning rate, of the weights or of the splines (`train`'s spline_lr, Phase I's Phase1Config.spline_lr). Paths into
+# learning rate, of the weights or of Phase I's splines (Phase1Config.spline_lr). Paths into
 # a checkpoint's meta; a change is recorded in the metrics (split "train", metric "lr" or "spline_lr", at the step the
 # run resumed from).
-RESUME_CHANGEABLE = ("train.lr", "train.spline_lr", "run.phase1.spline_lr")
+RESUME_CHANGEABLE = ("train.lr", "run.phase1.spline_lr")
 
 # %% ../nbs/07_train.ipynb #c05be7c9
 def lr_multiplier(
@@ -630,7 +640,7 @@ class TrainResult:
         return self.wall_time / max(1, self.steps_run)
 
 def _param_groups(model:nn.Module, cfg:TrainConfig)->list:
-    "AdamW groups: the model's own `param_groups` (decay on matrices only) plus trainable splines (no decay, `spline_lr`)."
+    "AdamW groups: the model's own `param_groups` (decay on matrices only) plus trainable splines (no decay; the weights' lr and betas)."
     shared = {id(p) for p in _shared_parameters(model)}
     if hasattr(model, "param_groups"): groups = model.param_groups(cfg.weight_decay)
     else:
@@ -638,8 +648,7 @@ def _param_groups(model:nn.Module, cfg:TrainConfig)->list:
         groups = [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": cfg.weight_decay},
                   {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
     groups = [{**g, "params": [p for p in g["params"] if p.requires_grad and id(p) not in shared]} for g in groups]
-    if shared: groups.append({"params": _shared_parameters(model), "weight_decay": 0.0,
-                              "lr": cfg.spline_lr or cfg.lr, "betas": cfg.spline_betas})
+    if shared: groups.append({"params": _shared_parameters(model), "weight_decay": 0.0})
     return [g for g in groups if g["params"]]
 
 def _shared_parameters(model:nn.Module)->list:
@@ -649,7 +658,7 @@ def _shared_parameters(model:nn.Module)->list:
 
 def make_optimizer(
     model:nn.Module, # a Transformer or an Ensemble (its parameters are on the run's device)
-    cfg:TrainConfig, # lr, betas, eps, weight_decay, spline_lr, spline_betas
+    cfg:TrainConfig, # lr, betas, eps, weight_decay
     groups:Optional[list]=None, # parameter groups (None: `_param_groups(model, cfg)`)
 )->torch.optim.AdamW:
     "AdamW over `groups`, fused (one kernel per parameter, not a dozen) wherever PyTorch has the fused kernel."

@@ -15,9 +15,8 @@ from typing import Callable, Optional, Sequence, Union
 __all__ = ['ARCH_LOSSES', 'PHASE1_SEED_START', 'PHASE2_SEEDS', 'TRANSFER_SEEDS', 'PHASE1_FORMAT', 'PHASE1_KEYS', 'STANDARD',
            'MATRICES', 'Phase1Config', 'Phase1Result', 'load_phase1', 'phase1', 'arch_for', 'standard_arch',
            'spline_arch', 'as_nonlinearities', 'phase1_seeds_of', 'check_disjoint_seeds', 'arm_config', 'phase2',
-           'baseline', 'compare', 'corpus_summary', 'TransferMatrix', 'assemble_transfer', 'nonlinearities_figure',
-           'curves_figure', 'DemoConfig', 'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default',
-           'run_demo']
+           'baseline', 'compare', 'corpus_summary', 'TransferMatrix', 'assemble_transfer', 'curves_figure',
+           'DemoConfig', 'demo_config', 'quick_demo_config', 'DemoResult', 'parallel_arms_default', 'run_demo']
 
 # %% ../nbs/08_two_phase.ipynb #f8283250
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 import torch.nn as nn
 
 # %% ../nbs/08_two_phase.ipynb #e22b5a47
-from .model import TransformerConfig, Nonlinearities
+from .model import TransformerConfig, Nonlinearities, nonlinearities_figure
 from .ensemble import Ensemble
 from .tasks import get_task
 from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
@@ -47,7 +46,7 @@ class Phase1Config:
     "Settings specific to Phase I (the rest is the run's TrainConfig)."
     n_models:int=8 # M: models sharing the splines
     seeds:Optional[tuple]=None # init seed of each model (default: 100..100+M-1, disjoint from Phase II's 0..4); also seeds its data stream
-    spline_lr:float=0.01 # Adam lr of the splines (paper's code: 0.1; see the text)
+    spline_lr:float=0.01 # Adam lr of the splines, its one home (paper's code: 0.1; see the text)
     spline_betas:tuple=(0.99, 0.999) # Adam betas of the splines (paper's code)
     spline_grad_clip:Optional[float]=None # max norm of the splines' gradient (None: no clipping, as the paper's code)
     arch_loss:str="heldout" # "heldout": splines learn from D_arch only (ICLR) | "train": from the training loss (code)
@@ -145,9 +144,6 @@ def phase1(
     "Phase I: M models with their own weights learn one shared set of splines from the held-out loss."
     cfg = replace(cfg or TrainConfig(), **overrides)
     p1 = p1 or Phase1Config()
-    if cfg.spline_lr is not None or cfg.spline_betas != TrainConfig.spline_betas:
-        raise ValueError(f"Phase I's spline optimiser is set by Phase1Config.spline_lr/spline_betas (now {p1.spline_lr:g}, {p1.spline_betas}); "
-                         "TrainConfig.spline_lr/spline_betas apply to `train` only: set them in Phase1Config instead")
     arch = arch_for(data, arch); _check_spline_arch(arch)
     device = resolve_device(cfg.device)
     M, seeds = p1.n_models, list(p1.seeds)
@@ -460,45 +456,8 @@ def assemble_transfer(
 
 # %% ../nbs/08_two_phase.ipynb #5e6d449a
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 # %% ../nbs/08_two_phase.ipynb #c7a0c679
-def nonlinearities_figure(
-    nl:Nonlinearities, # the splines to draw
-    title:str="Learned nonlinearities beside GeLU and exp", # figure title
-    others:Optional[dict]=None, # extra name -> Nonlinearities of the same layout, drawn dashed in the same panels (e.g. {"best": ...})
-)->go.Figure:
-    "One panel per spline: MLP activations beside GeLU, attention kernels beside exp (scaled to agree at 0); knots marked."
-    panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
-    if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
-    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
-    shown = set()
-    def line(c, x, y, label, **style):
-        fig.add_scatter(x=x, y=y, name=label, showlegend=label not in shown, legendgroup=label, row=1, col=c, **style); shown.add(label)
-    for c, (kind, i, s) in enumerate(panels, start=1):
-        with torch.no_grad():
-            x = torch.linspace(float(s.x_min), float(s.x_max), 801)
-            y = s(x).float().numpy(); xs = x.numpy()
-            if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
-            else:
-                at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
-                ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
-            lo, hi = float(min(y.min(), 0)), float(max(y.max(), 0))
-            line(c, xs, ref, label, line=dict(dash="dot", color="gray"))
-            line(c, xs, y, "learned", line=dict(color="#636efa"))
-            fig.add_scatter(x=s.knots.cpu().numpy(), y=s.values.detach().cpu().float().numpy(), mode="markers", marker=dict(size=4, color="#636efa"),
-                            name="knots", showlegend=False, hoverinfo="skip", row=1, col=c)
-            for label, other in (others or {}).items():
-                o = getattr(other, kind)[i](x).float().numpy()
-                line(c, xs, o, label, line=dict(dash="dash"))
-                lo, hi = min(lo, float(o.min())), max(hi, float(o.max()))
-        pad = 0.15 * (hi - lo or 1.0)
-        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=c)   # the reference may leave the learned spline's range (exp does)
-        fig.update_xaxes(title_text="pre-activation" if kind == "mlp" else "attention score s", row=1, col=c)
-    fig.update_layout(title=title, height=380, margin=dict(t=80, b=40, l=50, r=20))
-    return fig
-
 def curves_figure(
     metrics:pd.DataFrame, # tidy metrics of one or more arms
     metric:str="seq_acc", # which metric

@@ -89,6 +89,8 @@ def test_one_parser_and_its_defaults_are_the_configs():
     helps = {act.dest: act.help for act in build_parser()._subparsers._group_actions[0].choices["phase1"]._actions}
     from fastcore.docments import docments
     assert docments(TrainConfig)["weight_decay"] in helps["weight_decay"]   # the help is the field's docment
+    a = build_parser().parse_args(["phase1", "--task", "add", "--spline-lr", "0.05"])   # issue 24: --spline-lr sets the one home, Phase1Config
+    assert cli.phase1_from_args(a).spline_lr == 0.05 and not hasattr(cli.train_from_args(a), "spline_lr")
 
 
 def test_seed_arguments():

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from spline_transformers.attention import (ATTN_FNS, POSITIONS, attend, attention_mask, alibi_bias, attention_weights,
-                                           set_attention_backend, attention_backend)
+                                           set_attention_backend, attention_backend, record_scores)
 from spline_transformers.splines import LinearSpline
 from spline_transformers.model import (TransformerConfig, Transformer, Nonlinearities, MLP_ACTS, SHARINGS,
-                                       future_leak)
+                                       future_leak, record_preactivations)
 from spline_transformers.ensemble import Ensemble, per_model_loss
 
 torch.set_num_threads(1)
@@ -340,6 +340,53 @@ def test_ensemble_seeds_rule_and_rng_untouched():
     for n, p in t.weight_named_parameters(): assert torch.equal(ens.weight(n)[1], p)
     with pytest.raises(ValueError, match="one seed per model"):
         Ensemble(CFG, n_models=3, seeds=[1, 2])
+
+
+@pytest.mark.parametrize("cfg", [CFG, replace(CFG, mlp_act="spline", attn_fn="spline", pre_qkv_spline=True, sharing="per_layer"),
+                                 replace(CFG, mlp_act="glu_spline", sharing="ends", n_layers=3)], ids=["standard", "splines", "glu_ends"])
+def test_ensemble_builds_one_spline_set_and_the_old_weights(cfg, monkeypatch):
+    "Issue 24: an ensemble builds its splines once (or takes them), and its weights are bit for bit those of M separately built models, as before."
+    seeds = [4, 100, 7]
+    old = []   # the old construction: each model its own Transformer(cfg), with a spline set of its own
+    for s in seeds:
+        torch.manual_seed(s); old.append(Transformer(cfg))
+    built = []
+    init = Nonlinearities.__init__
+    monkeypatch.setattr(Nonlinearities, "__init__", lambda self, *a, **kw: (built.append(1), init(self, *a, **kw))[1])
+    torch.manual_seed(9); ens = Ensemble(cfg, seeds=seeds); after = torch.rand(1)
+    assert len(built) == 1   # one set for M models
+    torch.manual_seed(9); assert torch.equal(torch.rand(1), after)   # the caller's random stream is untouched
+    shared = Nonlinearities.from_config(cfg); built.clear()
+    given = Ensemble(cfg, seeds=seeds, nonlinearities=shared)
+    assert built == [] and given.nonlinearities is shared
+    for m, t in enumerate(old):
+        for n, p in t.weight_named_parameters():
+            assert torch.equal(ens.weight(n)[m], p) and torch.equal(given.weight(n)[m], p), (m, n)
+    for a, b in zip(ens.nonlinearities.parameters(), old[0].nonlinearities.parameters()): assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mlp_act", ["spline", "glu_spline", "gelu"])
+def test_recorders_see_the_same_in_an_ensemble_as_in_its_models(mlp_act):
+    "Issue 24: `record_preactivations` and `record_scores` are the public hooks a probe uses; through an ensemble they see what each model sees."
+    cfg = replace(CFG, mlp_act=mlp_act)
+    ens, x = Ensemble(cfg, seeds=[1, 2]), torch.randint(0, CFG.vocab_size, (2, 3, 8))
+    def watch(f, *a):
+        seen = {"mlp": [], "attn": []}
+        with torch.no_grad(), record_preactivations(seen["mlp"].append), record_scores(seen["attn"].append): out = f(*a)
+        return out, seen
+    with torch.no_grad(): plain = ens(x)
+    out, e = watch(ens, x)
+    assert torch.equal(out, plain)   # watching changes nothing
+    H, T = cfg.n_heads, 8
+    for m in range(2):
+        _, t = watch(ens.extract(m), x[m])
+        assert len(t["mlp"]) == len(t["attn"]) == len(e["mlp"]) == len(e["attn"]) == cfg.n_layers
+        for l in range(cfg.n_layers):
+            assert t["mlp"][l].shape == (3, T, cfg.hidden) and torch.allclose(e["mlp"][l][m], t["mlp"][l], atol=1e-5)
+            assert torch.allclose(e["attn"][l].view(2, 3, H, T, T)[m], t["attn"][l], atol=1e-5)
+    assert all(torch.isfinite(s).all() for s in e["attn"])   # the scores before the mask: finite everywhere
+    with torch.no_grad(): ens(x)
+    assert len(e["mlp"]) == len(e["attn"]) == cfg.n_layers   # nothing is recorded outside the block
 
 
 def test_ensemble_detach_and_param_groups():

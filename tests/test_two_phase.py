@@ -217,11 +217,25 @@ def test_default_seeds_are_disjoint_and_overlap_is_refused(task, source, tmp_pat
     assert not (tmp_path / "tm").exists()
 
 
-def test_phase1_refuses_the_train_spline_settings(task):
-    "Phase I's spline optimiser is Phase1Config's: TrainConfig's spline fields (used by `train`) are refused, not ignored."
-    with pytest.raises(ValueError, match="Phase1Config.spline_lr"): phase1(task, ARCH, tcfg(spline_lr=0.5), Phase1Config(n_models=2))
-    with pytest.raises(ValueError, match="Phase1Config.spline_lr"):
-        phase1(task, ARCH, tcfg(spline_betas=(0.9, 0.9)), Phase1Config(n_models=2))
+def test_the_spline_learning_rate_has_one_home(task):
+    "Issue 24: Phase1Config is the spline optimiser's one home; TrainConfig has no spline fields, and its dicts (hashed by the experiments, kept in checkpoints) keep the old keys at their old values."
+    from dataclasses import fields
+    from spline_transformers.train import RESUME_CHANGEABLE, make_optimizer
+    assert not {"spline_lr", "spline_betas"} & {f.name for f in fields(TrainConfig)}
+    assert {"spline_lr", "spline_betas"} <= {f.name for f in fields(Phase1Config)}
+    with pytest.raises(TypeError): TrainConfig(spline_lr=0.5)
+    d = tcfg().to_dict()
+    assert d["spline_lr"] is None and d["spline_betas"] == [0.99, 0.999]   # the serialised form of before: hashes and cell keys unchanged
+    assert TrainConfig.from_dict(d) == tcfg() and TrainConfig.from_dict({k: v for k, v in d.items() if not k.startswith("spline")}) == tcfg()
+    with pytest.raises(ValueError, match="Phase1Config.spline_lr"): TrainConfig.from_dict({**d, "spline_lr": 0.5})
+    with pytest.raises(ValueError, match="Phase1Config.spline_betas"): TrainConfig.from_dict({**d, "spline_betas": [0.9, 0.9]})
+    assert RESUME_CHANGEABLE == ("train.lr", "run.phase1.spline_lr")
+    from spline_transformers.model import Transformer   # `train`'s trainable splines: one AdamW group, the weights' lr and betas, no decay
+    cfg = tcfg(lr=2e-3)
+    opt = make_optimizer(Transformer(arch_for(task, ARCH)), cfg)
+    assert [(g["lr"], g["betas"], g["weight_decay"]) for g in opt.param_groups][-1] == (2e-3, cfg.betas, 0.0)
+    res = phase1(task, ARCH, tcfg(steps=1), Phase1Config(n_models=2, spline_lr=0.05, spline_betas=(0.9, 0.95)))   # Phase I reads Phase1Config
+    assert res.config["phase1"]["spline_lr"] == 0.05 and res.config["train"]["spline_lr"] is None
 
 
 @pytest.mark.parametrize("text, words", [
@@ -255,12 +269,14 @@ def test_transfer_matrix_saves_itself(task, tmp_path):
 def test_one_figure_draws_learned_splines_with_both_references(task):
     "`nonlinearities_figure` draws MLP splines beside GeLU and attention kernels beside exp; the report draws the same."
     from spline_transformers import report
-    from spline_transformers.two_phase import nonlinearities_figure
+    from spline_transformers.model import nonlinearities_figure
     nl = Nonlinearities.from_config(arch_for(task, ARCH))
     fig = nonlinearities_figure(nl, others={"best": nl})
     names = {t.name for t in fig.data}
     assert {"GeLU", "exp (softmax), scaled", "learned", "best"} <= names, names
     assert not hasattr(report, "splines_figure")   # one function, not two with different references
+    import ast, inspect   # issue 24: the figure lives beside Nonlinearities, and the report does not import two_phase to draw
+    assert "two_phase" not in {n.module for n in ast.walk(ast.parse(inspect.getsource(report))) if isinstance(n, ast.ImportFrom)}
 
 
 def test_demo_result_writes_its_whole_folder(task, tmp_path):
