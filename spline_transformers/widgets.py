@@ -13,9 +13,9 @@ from typing import Callable, Optional, Union
 # %% auto #0
 __all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor', 'has_widget_frontend',
            'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain',
-           'LiveFigure', 'effect_traces', 'effect_figure', 'PageEffect', 'live_editor_html', 'sync_figure_widget',
-           'SplineNet', 'FitEffect', 'live_dir', 'save_live_model', 'load_live_model', 'TaskEffect', 'site_files',
-           'collapse_figure', 'AnimationOutput', 'CollapsePlayer', 'TrainingMonitor']
+           'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect', 'live_editor_html',
+           'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model', 'load_live_model',
+           'TaskEffect', 'site_files', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer', 'TrainingMonitor']
 
 # %% ../nbs/30_widgets.ipynb #934f3ce2
 import json, base64
@@ -571,14 +571,21 @@ def effect_traces(result, first=None)->tuple:
     if a.ndim == 2: return [go.Heatmap(z=a, colorscale="Viridis")], ""
     raise ValueError(f"an effect must return a number, a dict of numbers, a 1-D or 2-D array or a plotly figure; got shape {a.shape}")
 
+def panel_title(title:str, text:str)->str:
+    "The effect panel's title: `title: text` for one number; for several, one line each (a long title would run under the legend)."
+    parts = text.split(" · ") if text else []
+    return title if not parts else f"{title}: {parts[0]}" if len(parts) == 1 else f"{title}:<br>" + "<br>".join(parts)
+
 def effect_figure(result, first=None, title:str="live effect")->go.Figure:
     "The effect panel's figure for an effect's `result` (bars for numbers, a line, a heatmap, or the effect's own figure)."
     traces, text = effect_traces(result, first)
-    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or (f"{title}: {text}" if text else title)
+    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(title, text)
     fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
-    fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
+    lines = title.count("<br>")
+    fig.update_layout(height=300 + 20 * lines, margin=dict(l=50, r=20, t=50 + 20 * lines, b=40), title=title,
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
-    if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar): fig.update_layout(barmode="group")
+    if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar):   # bars: the legend under the plot, clear of the title
+        fig.update_layout(barmode="group", legend=dict(y=-0.15, x=0.5, xanchor="center", yanchor="top"), margin_b=60)
     return fig
 
 @patch
@@ -591,8 +598,7 @@ def _run_effect(self:SplineEditor):
     except Exception as e:
         self.effect_text.value = f"<span style='color:#c00'>effect failed: {type(e).__name__}: {e}</span>"; return
     self.n_effect_runs += 1; self.last_effect = result
-    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or \
-            (f"{self.effect_title}: {text}" if text else self.effect_title)
+    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(self.effect_title, text)
     if self.effect_fig is None: self.effect_fig = LiveFigure(effect_figure(result, self.first_effect, self.effect_title))
     else:
         with self.effect_fig.batch_update():      # everything the panel says follows the model: data and title
@@ -842,9 +848,10 @@ _LIVE_JS = r"""
       Plotly.restyle(gd, {y: [res.line]}, [P.trace]);
     } else {
       var now = names.map(function(k) { return res.values[k]; });
-      title = P.title + ': ' + names.map(function(k, i) {
+      var parts = names.map(function(k, i) {
         var was = P.first[k];
-        return k + ': ' + L.g(was, 4) + ' → ' + L.g(now[i], 4) + ' (' + L.g(now[i] - was, 3, true) + ')'; }).join(' · ');
+        return k + ': ' + L.g(was, 4) + ' → ' + L.g(now[i], 4) + ' (' + L.g(now[i] - was, 3, true) + ')'; });
+      title = P.title + (parts.length > 1 ? ':<br>' + parts.join('<br>') : ': ' + parts[0]);   // as `panel_title`
       Plotly.restyle(gd, {y: [now], text: [now.map(function(x) { return L.g(x, 4); })]}, [1]);
     }
     Plotly.relayout(gd, {'title.text': title});

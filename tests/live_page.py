@@ -31,7 +31,7 @@ def answer(page, pid):
 def drag_knot(page, pid, k, dy_px, steps=6, timeout=60_000):
     "Drag knot `k` of editor `pid` by `dy_px` pixels (up is negative) with the mouse; return the page's answer once it is in."
     runs = page.evaluate("(pid) => window.stLive.specs[pid].runs || 0", pid)
-    page.evaluate("(pid) => document.getElementById(pid).scrollIntoView({block: 'center'})", pid)
+    page.evaluate("(pid) => document.getElementById(pid).scrollIntoView({block: 'center', behavior: 'instant'})", pid)   # the site scrolls smoothly otherwise
     page.wait_for_timeout(200)
     x, y = page.evaluate("""([pid, k]) => { const r = document.getElementById(pid).querySelector(`.shapelayer path[data-index="${k}"]`).getBoundingClientRect();
                                            return [r.x + r.width / 2, r.y + r.height / 2]; }""", [pid, k])
