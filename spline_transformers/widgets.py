@@ -572,17 +572,16 @@ def effect_traces(result, first=None)->tuple:
     raise ValueError(f"an effect must return a number, a dict of numbers, a 1-D or 2-D array or a plotly figure; got shape {a.shape}")
 
 def panel_title(title:str, text:str)->str:
-    "The effect panel's title: `title: text` for one number; for several, one line each (a long title would run under the legend)."
+    "The effect panel's title: `title: text` for one number; `title` alone for several (their line would run under the legend: the bars and the line under the editor say them)."
     parts = text.split(" · ") if text else []
-    return title if not parts else f"{title}: {parts[0]}" if len(parts) == 1 else f"{title}:<br>" + "<br>".join(parts)
+    return f"{title}: {parts[0]}" if len(parts) == 1 else title
 
 def effect_figure(result, first=None, title:str="live effect")->go.Figure:
     "The effect panel's figure for an effect's `result` (bars for numbers, a line, a heatmap, or the effect's own figure)."
     traces, text = effect_traces(result, first)
     title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(title, text)
     fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
-    lines = title.count("<br>")
-    fig.update_layout(height=300 + 20 * lines, margin=dict(l=50, r=20, t=50 + 20 * lines, b=40), title=title,
+    fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar):   # bars: the legend under the plot, clear of the title
         fig.update_layout(barmode="group", legend=dict(y=-0.15, x=0.5, xanchor="center", yanchor="top"), margin_b=60)
@@ -841,22 +840,22 @@ _LIVE_JS = r"""
   };
   L.show = function(pid, s, res, v) {
     var P = s.panel, gd = document.getElementById(pid + '-effect'), out = document.getElementById(pid + '-readout'), names = Object.keys(res.values);
-    var title;
+    var title, parts = null;
     if (P.type === 'line') {
       title = P.title;
       names.forEach(function(k) { title = title.replace('{' + k + '}', res.values[k].toFixed(P.digits)); });
       Plotly.restyle(gd, {y: [res.line]}, [P.trace]);
     } else {
       var now = names.map(function(k) { return res.values[k]; });
-      var parts = names.map(function(k, i) {
+      parts = names.map(function(k, i) {
         var was = P.first[k];
         return k + ': ' + L.g(was, 4) + ' → ' + L.g(now[i], 4) + ' (' + L.g(now[i] - was, 3, true) + ')'; });
-      title = P.title + (parts.length > 1 ? ':<br>' + parts.join('<br>') : ': ' + parts[0]);   // as `panel_title`
+      title = parts.length > 1 ? P.title : P.title + ': ' + parts[0];   // as `panel_title`
       Plotly.restyle(gd, {y: [now], text: [now.map(function(x) { return L.g(x, 4); })]}, [1]);
     }
     Plotly.relayout(gd, {'title.text': title});
     out.dataset.values = JSON.stringify(res.values); out.dataset.spline = JSON.stringify(v); out.dataset.state = 'done';
-    out.textContent = 'computed in this page: ' + names.map(function(k) { return k + ' ' + L.g(res.values[k], 6); }).join(' · ');
+    out.textContent = 'computed in this page: ' + (parts ? parts.join(' · ') : names.map(function(k) { return k + ' ' + L.g(res.values[k], 6); }).join(' · '));
   };
 })();
 """
