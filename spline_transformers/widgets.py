@@ -611,11 +611,8 @@ def flush(self:SplineEditor):
     "Run a pending (throttled) effect now."
     self._effect.flush()
 
-# %% ../nbs/30_widgets.ipynb #90ae80ff
-_LIVE_JS = r"""
-(function() {
-  if (window.stLive) return;
-  var L = window.stLive = {specs: {}, models: {}, effects: {}};
+# %% ../nbs/30_widgets.ipynb #ef809935
+_JS_SPLINE = r"""
   // the library's LinearSpline: `values` at evenly spaced knots on [x_min, x_max], linear in between; outside,
   // constant (the end values) or linear (the end segments continued), as in `spline_eval`
   L.spline = function(v, x_min, x_max, extrapolate) {
@@ -683,6 +680,10 @@ _LIVE_JS = r"""
     return {values: {mse: se / n}, line: pred};
   };
 
+"""
+
+# %% ../nbs/30_widgets.ipynb #085ced22
+_JS_TRANSFORMER = r"""
   // effect "transformer_task": a trained Transformer (weights and fixed problems in a .safetensors file) scored
   // teacher-forced as `Task.evaluate` does: loss and token accuracy over the answer tokens, sequence accuracy
   L.load = function(s) {
@@ -793,6 +794,10 @@ _LIVE_JS = r"""
     for (t = 0; t < n; t++) logits.push(linear(normalise(x[t], m.nf, c.norm), m.head, null, C, V));
     return logits;
   };
+"""
+
+# %% ../nbs/30_widgets.ipynb #753df1b1
+_JS_EDITOR = r"""
   L.evaluate = function(m, splines) {
     var N = m.x.shape[0], W = m.x.shape[1], loss = 0, tok = 0, seq = 0, n_tok = 0;
     for (var r = 0; r < N; r++) {
@@ -857,8 +862,11 @@ _LIVE_JS = r"""
     out.dataset.values = JSON.stringify(res.values); out.dataset.spline = JSON.stringify(v); out.dataset.state = 'done';
     out.textContent = 'computed in this page: ' + (parts ? parts.join(' · ') : names.map(function(k) { return k + ' ' + L.g(res.values[k], 6); }).join(' · '));
   };
-})();
 """
+
+_LIVE_JS = ("(function() {\n  if (window.stLive) return;   // once per page, however many editors it holds\n"
+            "  var L = window.stLive = {specs: {}, models: {}, effects: {}};\n"
+            + _JS_SPLINE + _JS_TRANSFORMER + _JS_EDITOR + "})();\n")
 
 # %% ../nbs/30_widgets.ipynb #0d5b43b6
 class PageEffect:
