@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 # %% auto #0
-__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SplineEditor', 'has_widget_frontend', 'reference_curve',
-           'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain', 'LiveFigure',
-           'effect_traces', 'sync_figure_widget', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer',
-           'TrainingMonitor']
+__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor', 'has_widget_frontend',
+           'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain',
+           'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect', 'live_editor_html',
+           'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model', 'load_live_model',
+           'TaskEffect', 'site_files', 'collapse_figure', 'AnimationOutput', 'CollapsePlayer', 'TrainingMonitor']
 
 # %% ../nbs/30_widgets.ipynb #934f3ce2
 import json, base64
@@ -239,6 +240,7 @@ _STATIC_JS = """
     busy = true;
     Plotly.restyle(gd, {y: [y]}, [1]).then(function() { return Plotly.relayout(gd, snap); })
       .then(function() { busy = false; }, function() { busy = false; });
+    if (window.stLive) window.stLive.update('{plot_id}', y);      // an editor with a page effect: recompute it
   });
   var btn = document.getElementById('{plot_id}-reset');
   if (btn) btn.onclick = function() {
@@ -247,6 +249,7 @@ _STATIC_JS = """
     busy = true;
     Plotly.restyle(gd, {y: [original]}, [1]).then(function() { return Plotly.relayout(gd, upd); })
       .then(function() { busy = false; }, function() { busy = false; });
+    if (window.stLive) window.stLive.update('{plot_id}', original);
   };
 })();
 """
@@ -568,6 +571,22 @@ def effect_traces(result, first=None)->tuple:
     if a.ndim == 2: return [go.Heatmap(z=a, colorscale="Viridis")], ""
     raise ValueError(f"an effect must return a number, a dict of numbers, a 1-D or 2-D array or a plotly figure; got shape {a.shape}")
 
+def panel_title(title:str, text:str)->str:
+    "The effect panel's title: `title: text` for one number; `title` alone for several (their line would run under the legend: the bars and the line under the editor say them)."
+    parts = text.split(" · ") if text else []
+    return f"{title}: {parts[0]}" if len(parts) == 1 else title
+
+def effect_figure(result, first=None, title:str="live effect")->go.Figure:
+    "The effect panel's figure for an effect's `result` (bars for numbers, a line, a heatmap, or the effect's own figure)."
+    traces, text = effect_traces(result, first)
+    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(title, text)
+    fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
+    fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar):   # bars: the legend under the plot, clear of the title
+        fig.update_layout(barmode="group", legend=dict(y=-0.15, x=0.5, xanchor="center", yanchor="top"), margin_b=60)
+    return fig
+
 @patch
 def _run_effect(self:SplineEditor):
     if self.effect is None: return
@@ -578,14 +597,8 @@ def _run_effect(self:SplineEditor):
     except Exception as e:
         self.effect_text.value = f"<span style='color:#c00'>effect failed: {type(e).__name__}: {e}</span>"; return
     self.n_effect_runs += 1; self.last_effect = result
-    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or \
-            (f"{self.effect_title}: {text}" if text else self.effect_title)
-    if self.effect_fig is None:
-        fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
-        fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
-                          legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
-        if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar): fig.update_layout(barmode="group")
-        self.effect_fig = LiveFigure(fig)
+    title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(self.effect_title, text)
+    if self.effect_fig is None: self.effect_fig = LiveFigure(effect_figure(result, self.first_effect, self.effect_title))
     else:
         with self.effect_fig.batch_update():      # everything the panel says follows the model: data and title
             for t, new in zip(self.effect_fig.data, traces):
@@ -598,11 +611,306 @@ def flush(self:SplineEditor):
     "Run a pending (throttled) effect now."
     self._effect.flush()
 
+# %% ../nbs/30_widgets.ipynb #ef809935
+_JS_SPLINE = r"""
+  // the library's LinearSpline: `values` at evenly spaced knots on [x_min, x_max], linear in between; outside,
+  // constant (the end values) or linear (the end segments continued), as in `spline_eval`
+  L.spline = function(v, x_min, x_max, extrapolate) {
+    var K = v.length, inv_h = (K - 1) / (x_max - x_min);
+    return function(x) {
+      if (x !== x) return x;
+      var t = (x - x_min) * inv_h, tc = t < 0 ? 0 : (t > K - 1 ? K - 1 : t), i = Math.floor(tc);
+      if (extrapolate === 'constant') return i >= K - 1 ? v[K - 1] : v[i] + (tc - i) * (v[i + 1] - v[i]);
+      if (i > K - 2) i = K - 2;
+      var d = v[i + 1] - v[i];
+      return d === 0 ? v[i] : v[i] + (t - i) * d;
+    };
+  };
+  // Python's format(v, '.Pg'), and '+.Pg'
+  L.g = function(v, p, plus) {
+    var s;
+    if (!isFinite(v)) s = String(v);
+    else if (v === 0) s = '0';
+    else {
+      var e = Number(v.toExponential(p - 1).split('e')[1]);
+      if (e < -4 || e >= p) {
+        var parts = v.toExponential(p - 1).split('e'), m = parts[0], x = Number(parts[1]);
+        if (m.indexOf('.') >= 0) m = m.replace(/0+$/, '').replace(/\.$/, '');
+        s = m + 'e' + (x < 0 ? '-' : '+') + (Math.abs(x) < 10 ? '0' : '') + Math.abs(x);
+      } else {
+        s = v.toFixed(Math.max(0, p - 1 - e));
+        if (s.indexOf('.') >= 0) s = s.replace(/0+$/, '').replace(/\.$/, '');
+      }
+    }
+    return (plus && v >= 0 ? '+' : '') + s;
+  };
+  L.b64 = function(s) {
+    var b = atob(s), a = new Uint8Array(b.length);
+    for (var i = 0; i < b.length; i++) a[i] = b.charCodeAt(i);
+    return a.buffer;
+  };
+  // a .safetensors file: 8 bytes of header length, a JSON header, then the tensors' bytes (little-endian)
+  L.readSafetensors = function(buf) {
+    var dv = new DataView(buf), n = dv.getUint32(0, true) + dv.getUint32(4, true) * 4294967296;
+    var head = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 8, n))), base = 8 + n, out = {};
+    var types = {F32: Float32Array, F64: Float64Array, I32: Int32Array, U8: Uint8Array};
+    Object.keys(head).forEach(function(k) {
+      if (k === '__metadata__') return;
+      var h = head[k], C = types[h.dtype];
+      if (!C) throw new Error('tensor ' + k + ' has dtype ' + h.dtype + ', which this page does not read');
+      out[k] = {shape: h.shape, data: new C(buf.slice(base + h.data_offsets[0], base + h.data_offsets[1]))};
+    });
+    return {tensors: out, meta: head.__metadata__ || {}};
+  };
+  L.erf = function(x) {   // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)
+    var s = x < 0 ? -1 : 1; x = Math.abs(x);
+    var t = 1 / (1 + 0.3275911 * x);
+    return s * (1 - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * Math.exp(-x * x));
+  };
+
+  // effect "spline_net": chapter 30's SplineNet, x -> sum_j phi(w1_j x + b1_j) w2_j + b2, and its mse on (x, y)
+  L.effects.spline_net = function(s, v) {
+    var d = s.data, phi = L.spline(v, s.spline.x_min, s.spline.x_max, s.spline.extrapolate);
+    var n = d.x.length, pred = new Array(n), se = 0;
+    for (var i = 0; i < n; i++) {
+      var acc = d.b2;
+      for (var j = 0; j < d.w1.length; j++) acc += phi(d.x[i] * d.w1[j] + d.b1[j]) * d.w2[j];
+      pred[i] = acc; se += (acc - d.y[i]) * (acc - d.y[i]);
+    }
+    return {values: {mse: se / n}, line: pred};
+  };
+
+"""
+
+# %% ../nbs/30_widgets.ipynb #085ced22
+_JS_TRANSFORMER = r"""
+  // effect "transformer_task": a trained Transformer (weights and fixed problems in a .safetensors file) scored
+  // teacher-forced as `Task.evaluate` does: loss and token accuracy over the answer tokens, sequence accuracy
+  L.load = function(s) {
+    var key = s.src || ('inline:' + s.name);
+    if (!L.models[key]) {
+      var bytes = s.src ? fetch(s.src).then(function(r) {
+        if (!r.ok) throw new Error('could not load the model from ' + s.src + ' (HTTP ' + r.status + ')');
+        return r.arrayBuffer(); }) : Promise.resolve(L.b64(s.inline));
+      L.models[key] = bytes.then(function(buf) { return L.model(L.readSafetensors(buf)); });
+    }
+    return L.models[key];
+  };
+  L.model = function(file) {
+    var T = file.tensors, meta = file.meta, cfg = JSON.parse(meta.config), nl = JSON.parse(meta.nonlinearities);
+    var w = function(n, optional) {
+      if (T[n]) return T[n].data;
+      if (optional) return null;
+      throw new Error('the model file lacks ' + n);
+    };
+    if (cfg.attn_fn !== 'softmax' || cfg.pre_qkv_spline || ['spline', 'relu', 'gelu'].indexOf(cfg.mlp_act) < 0)
+      throw new Error('this page runs softmax attention with a spline, ReLU or GeLU MLP only');
+    var m = {cfg: cfg, nl: nl, layout: JSON.parse(meta.layout), blocks: [], splines: {}};
+    m.hidden = cfg.d_mlp || 4 * cfg.d_model;
+    m.tok = w('tok_emb.weight'); m.pos = cfg.pos === 'learned' ? w('pos_emb.weight') : null;
+    m.head = cfg.tie_embeddings ? m.tok : w('lm_head.weight');
+    var norm = function(p) { return {w: w(p + '.weight'), b: w(p + '.bias', true)}; };
+    for (var l = 0; l < cfg.n_layers; l++) {
+      var p = 'blocks.' + l + '.';
+      m.blocks.push({n1: norm(p + 'norm1'), n2: norm(p + 'norm2'),
+                     qkv: [w(p + 'attn.qkv.weight'), w(p + 'attn.qkv.bias', true)], ap: [w(p + 'attn.proj.weight'), w(p + 'attn.proj.bias', true)],
+                     fc: [w(p + 'mlp.fc.weight'), w(p + 'mlp.fc.bias', true)], mp: [w(p + 'mlp.proj.weight'), w(p + 'mlp.proj.bias', true)]});
+    }
+    m.nf = norm('norm_f');
+    Object.keys(T).forEach(function(k) {
+      var r = /^nonlinearities\.(mlp|attn)\.(\d+)\.values$/.exec(k);
+      if (r) m.splines[r[1] + '.' + r[2]] = Array.from(T[k].data);
+    });
+    m.x = T['problems.x']; m.y = T['problems.y']; m.mask = T['problems.mask'];
+    return m;
+  };
+  function linear(x, W, b, n_in, n_out) {
+    var out = new Float64Array(n_out);
+    for (var o = 0; o < n_out; o++) {
+      var s = b ? b[o] : 0, r = o * n_in;
+      for (var i = 0; i < n_in; i++) s += W[r + i] * x[i];
+      out[o] = s;
+    }
+    return out;
+  }
+  function normalise(x, p, kind) {
+    var d = x.length, out = new Float64Array(d), i, mean = 0, sq = 0;
+    if (kind === 'layernorm') {
+      for (i = 0; i < d; i++) mean += x[i];
+      mean /= d;
+      for (i = 0; i < d; i++) sq += (x[i] - mean) * (x[i] - mean);
+      var r = 1 / Math.sqrt(sq / d + 1e-5);
+      for (i = 0; i < d; i++) out[i] = (x[i] - mean) * r * p.w[i] + (p.b ? p.b[i] : 0);
+    } else {   // RMSNorm with PyTorch's default eps for float32
+      for (i = 0; i < d; i++) sq += x[i] * x[i];
+      var rs = 1 / Math.sqrt(sq / d + 1.1920928955078125e-07);
+      for (i = 0; i < d; i++) out[i] = x[i] * rs * p.w[i];
+    }
+    return out;
+  }
+  // logits (one Float64Array per position) of one sequence of token ids, with the splines `splines` (name -> values)
+  L.forward = function(m, ids, splines) {
+    var c = m.cfg, C = c.d_model, H = c.n_heads, dh = C / H, n = ids.length, V = c.vocab_size, scale = 1 / Math.sqrt(dh);
+    var x = [], t, l, i, j, h, k;
+    for (t = 0; t < n; t++) {
+      var e = new Float64Array(C);
+      for (k = 0; k < C; k++) e[k] = m.tok[ids[t] * C + k] + (m.pos ? m.pos[t * C + k] : 0);
+      if (c.pos === 'sinusoidal') for (k = 0; k < C; k += 2) {
+        var f = Math.exp(-Math.log(10000) * k / C);
+        e[k] += Math.sin(t * f); if (k + 1 < C) e[k + 1] += Math.cos(t * f);
+      }
+      x.push(e);
+    }
+    for (l = 0; l < c.n_layers; l++) {
+      var B = m.blocks[l], qkv = [];
+      for (t = 0; t < n; t++) qkv.push(linear(normalise(x[t], B.n1, c.norm), B.qkv[0], B.qkv[1], C, 3 * C));
+      for (t = 0; t < n; t++) {
+        var y = new Float64Array(C);
+        for (h = 0; h < H; h++) {
+          var slope = c.pos === 'alibi' ? Math.pow(2, -8 * (h + 1) / H) : 0, s = new Float64Array(t + 1), mx = -Infinity, z = 0;
+          for (j = 0; j <= t; j++) {
+            var dot = 0;
+            for (k = 0; k < dh; k++) dot += qkv[t][h * dh + k] * qkv[j][C + h * dh + k];
+            s[j] = dot * scale - slope * (t - j);
+            if (s[j] > mx) mx = s[j];
+          }
+          for (j = 0; j <= t; j++) { s[j] = Math.exp(s[j] - mx); z += s[j]; }
+          for (j = 0; j <= t; j++) for (k = 0; k < dh; k++) y[h * dh + k] += s[j] / z * qkv[j][2 * C + h * dh + k];
+        }
+        var a = linear(y, B.ap[0], B.ap[1], C, C);
+        for (k = 0; k < C; k++) x[t][k] += a[k];
+      }
+      var sp = c.mlp_act === 'spline' ? splines['mlp.' + m.layout[l]] : null;
+      var phi = sp ? L.spline(sp, m.nl.mlp.x_min, m.nl.mlp.x_max, m.nl.mlp.extrapolate) : null;
+      for (t = 0; t < n; t++) {
+        var u = linear(normalise(x[t], B.n2, c.norm), B.fc[0], B.fc[1], C, m.hidden);
+        for (k = 0; k < u.length; k++)
+          u[k] = phi ? phi(u[k]) : c.mlp_act === 'relu' ? Math.max(0, u[k]) : 0.5 * u[k] * (1 + L.erf(u[k] / Math.SQRT2));
+        var o = linear(u, B.mp[0], B.mp[1], m.hidden, C);
+        for (k = 0; k < C; k++) x[t][k] += o[k];
+      }
+    }
+    var logits = [];
+    for (t = 0; t < n; t++) logits.push(linear(normalise(x[t], m.nf, c.norm), m.head, null, C, V));
+    return logits;
+  };
+"""
+
+# %% ../nbs/30_widgets.ipynb #753df1b1
+_JS_EDITOR = r"""
+  L.evaluate = function(m, splines) {
+    var N = m.x.shape[0], W = m.x.shape[1], loss = 0, tok = 0, seq = 0, n_tok = 0;
+    for (var r = 0; r < N; r++) {
+      var last = -1, t;
+      for (t = 0; t < W; t++) if (m.mask.data[r * W + t]) last = t;
+      if (last < 0) { seq += 1; continue; }
+      var logits = L.forward(m, Array.from(m.x.data.subarray(r * W, r * W + last + 1)), splines), all = true;
+      for (t = 0; t <= last; t++) {
+        if (!m.mask.data[r * W + t]) continue;
+        var z = logits[t], y = m.y.data[r * W + t], mx = -Infinity, arg = 0, se = 0, v;
+        for (v = 0; v < z.length; v++) if (z[v] > mx) { mx = z[v]; arg = v; }
+        for (v = 0; v < z.length; v++) se += Math.exp(z[v] - mx);
+        loss += Math.log(se) + mx - z[y]; n_tok += 1;
+        if (arg === y) tok += 1; else all = false;
+      }
+      if (all) seq += 1;
+    }
+    return {loss: loss / n_tok, token_acc: tok / n_tok, seq_acc: seq / N};
+  };
+  L.effects.transformer_task = function(s, v) {
+    return L.load(s).then(function(m) {
+      var splines = Object.assign({}, m.splines);
+      splines[s.spline.name] = v;
+      var r = L.evaluate(m, splines), values = {};
+      s.keys.forEach(function(kv) { values[kv[0]] = r[kv[1]]; });
+      return {values: values};
+    });
+  };
+
+  // the editor's side: after each edit, run the effect and show it in the panel and the readout
+  L.register = function(pid, spec) { L.specs[pid] = spec; };
+  L.update = function(pid, values) {
+    var s = L.specs[pid];
+    if (!s) return;
+    var n = s.runs = (s.runs || 0) + 1, out = document.getElementById(pid + '-readout');
+    out.dataset.state = 'busy'; out.textContent = 'computing in this page…';
+    var v = Array.from(values, Number);
+    new Promise(function(ok) { setTimeout(ok, 0); }).then(function() { return L.effects[s.kind](s, v); }).then(function(res) {
+      if (n !== s.runs) return;       // a later edit is on its way
+      L.show(pid, s, res, v);
+    }).catch(function(e) {
+      if (n !== s.runs) return;
+      out.dataset.state = 'error'; out.textContent = 'this page could not compute the effect: ' + e.message;
+    });
+  };
+  L.show = function(pid, s, res, v) {
+    var P = s.panel, gd = document.getElementById(pid + '-effect'), out = document.getElementById(pid + '-readout'), names = Object.keys(res.values);
+    var title, parts = null;
+    if (P.type === 'line') {
+      title = P.title;
+      names.forEach(function(k) { title = title.replace('{' + k + '}', res.values[k].toFixed(P.digits)); });
+      Plotly.restyle(gd, {y: [res.line]}, [P.trace]);
+    } else {
+      var now = names.map(function(k) { return res.values[k]; });
+      parts = names.map(function(k, i) {
+        var was = P.first[k];
+        return k + ': ' + L.g(was, 4) + ' → ' + L.g(now[i], 4) + ' (' + L.g(now[i] - was, 3, true) + ')'; });
+      title = parts.length > 1 ? P.title : P.title + ': ' + parts[0];   // as `panel_title`
+      Plotly.restyle(gd, {y: [now], text: [now.map(function(x) { return L.g(x, 4); })]}, [1]);
+    }
+    Plotly.relayout(gd, {'title.text': title});
+    out.dataset.values = JSON.stringify(res.values); out.dataset.spline = JSON.stringify(v); out.dataset.state = 'done';
+    out.textContent = 'computed in this page: ' + (parts ? parts.join(' · ') : names.map(function(k) { return k + ' ' + L.g(res.values[k], 6); }).join(' · '));
+  };
+"""
+
+_LIVE_JS = ("(function() {\n  if (window.stLive) return;   // once per page, however many editors it holds\n"
+            "  var L = window.stLive = {specs: {}, models: {}, effects: {}};\n"
+            + _JS_SPLINE + _JS_TRANSFORMER + _JS_EDITOR + "})();\n")
+
+# %% ../nbs/30_widgets.ipynb #0d5b43b6
+class PageEffect:
+    "An editor effect with a JavaScript twin: called in a kernel like any effect; `page_spec()` tells the static page how to recompute it."
+    kind:str = ""                    # the name of the twin in the page's `stLive.effects`
+    def __call__(self): raise NotImplementedError
+    def page_spec(self)->dict:
+        "What the page's twin needs (JSON-able): `kind`, its data, and `panel`, how the result is drawn."
+        raise NotImplementedError
+
+# %% ../nbs/30_widgets.ipynb #02156c2a
+def live_editor_html(
+    fig:go.Figure,          # the spline figure (`spline_figure`)
+    ref:SplineRef,          # the spline being edited
+    effect:PageEffect,      # what the page recomputes after each edit
+    title:str="live effect", # the effect panel's title
+)->str:
+    "The offline editor whose effect the page recomputes: draggable knots, the effect's panel and a readout."
+    with torch.no_grad(): result = effect()
+    spec = dict(effect.page_spec())
+    spec["spline"] = {"name": ref.name, "x_min": float(ref.module.x_min), "x_max": float(ref.module.x_max),
+                      "extrapolate": ref.module.extrapolate, **spec.get("spline", {})}
+    panel = dict(spec.get("panel", {"type": "bars"}))
+    if panel["type"] == "bars":
+        panel.update(first={k: float(_as_numpy(v)) for k, v in result.items()}, title=title)
+    spec["panel"] = panel
+    note = ("Drag a knot: the curve re-interpolates and the model below is recomputed in this page, with the spline as "
+            "you left it (no kernel needed).")
+    html = static_editor_html(fig, note=note)
+    pid = html.split('id="', 1)[1].split('"', 1)[0][:-len("-reset")]   # the plot's id, from its reset button's
+    panel_div = pio.to_html(effect_figure(result, result, title), include_plotlyjs=False, include_mathjax=False,
+                            full_html=False, config={"displaylogo": False, "responsive": True}, div_id=f"{pid}-effect")
+    readout = (f'<p class="st-live-readout" id="{pid}-readout" data-state="ready"><small>the page recomputes this after each '
+               "edit</small></p>")
+    script = f"<script>{_LIVE_JS}\nstLive.register({json.dumps(pid)}, {json.dumps(spec)});</script>"
+    return script + html[:-len("</div>")] + readout + panel_div + "</div>"
+
 # %% ../nbs/30_widgets.ipynb #aca02060
 @patch
 def static_html(self:SplineEditor)->str:
-    "The offline version of the current spline: draggable knots that re-interpolate in the page."
-    return static_editor_html(spline_figure(self.ref, self._reference()))
+    "The offline version of the current spline: draggable knots that re-interpolate in the page, and the effect when the page can compute it."
+    fig = spline_figure(self.ref, self._reference())
+    if isinstance(self.effect, PageEffect): return live_editor_html(fig, self.ref, self.effect, self.effect_title)
+    return static_editor_html(fig)
 
 def sync_figure_widget(fw:go.FigureWidget)->go.FigureWidget:
     "Copy a FigureWidget's current data and layout into its widget state, so that a view drawn now starts from them."
@@ -615,6 +923,138 @@ def _repr_mimebundle_(self:SplineEditor, include=None, exclude=None):
     bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
     bundle["text/html"] = self.static_html()
     return bundle
+
+# %% ../nbs/30_widgets.ipynb #0356a90d
+class SplineNet(nn.Module):
+    "x → w1·x + b1 → spline → w2·h + b2: one hidden layer for 1-D regression, written out elementwise."
+    def __init__(self, spline, width=32):
+        super().__init__()
+        self.act = spline
+        self.w1, self.b1 = nn.Parameter(torch.randn(width)), nn.Parameter(torch.randn(width))
+        self.w2, self.b2 = nn.Parameter(torch.randn(width) / width ** 0.5), nn.Parameter(torch.zeros(()))
+    def forward(self, x): return (self.act(x * self.w1 + self.b1) * self.w2).sum(-1, keepdim=True) + self.b2
+    def weights(self): return [self.w1, self.b1, self.w2, self.b2]
+
+class FitEffect(PageEffect):
+    "A `SplineNet`'s predictions against its target, and their mean squared error; the page recomputes both after each edit."
+    kind = "spline_net"
+    def __init__(self,
+                 net:SplineNet,        # the network whose activation the editor edits
+                 xs:torch.Tensor,      # (n, 1) inputs
+                 ys:torch.Tensor,      # (n, 1) targets
+                 target:str="target",  # the target's name in the legend
+                 title:str="the network with this activation: mse {mse}"): # `{mse}` is replaced by the error (4 decimals)
+        self.net, self.xs, self.ys, self.target, self.title = net, xs, ys, target, title
+    def mse(self)->float:
+        "The network's mean squared error on the target."
+        with torch.no_grad(): return F.mse_loss(self.net(self.xs), self.ys).item()
+    def __call__(self)->go.Figure:
+        with torch.no_grad(): pred = self.net(self.xs)
+        x, y = self.xs[:, 0].double().numpy(), self.ys[:, 0].double().numpy()
+        fig = go.Figure([go.Scatter(x=x, y=y, name=self.target, line=dict(color="#999", dash="dash")),
+                         go.Scatter(x=x, y=pred[:, 0].double().numpy(), name="network")])
+        fig.update_layout(title=self.title.replace("{mse}", f"{float(F.mse_loss(pred, self.ys)):.4f}"), yaxis_range=[-1.6, 1.6])
+        return fig
+    def page_spec(self)->dict:
+        f = lambda t: t.detach().double().reshape(-1).tolist()
+        n = self.net
+        return {"kind": self.kind, "data": {"w1": f(n.w1), "b1": f(n.b1), "w2": f(n.w2), "b2": float(n.b2.detach()), "x": f(self.xs), "y": f(self.ys)},
+                "panel": {"type": "line", "trace": 1, "title": self.title, "digits": 4}}
+
+# %% ../nbs/30_widgets.ipynb #bbf98de5
+def live_dir()->Path:
+    "The package folder of the models the site's pages run (shipped with the package)."
+    from importlib.resources import files
+    return Path(str(files("spline_transformers"))) / "live"
+
+SITE_LIVE = "live"                          # where the site build puts them, beside the pages
+
+def save_live_model(
+    model:nn.Module,  # a trained `Transformer`
+    task,             # its task
+    path,             # the .safetensors file to write
+    split:str="test", # the split whose fixed evaluation problems the page scores
+    n:int=256,        # how many of them
+    source:str="",    # how the model was made (kept in the metadata)
+)->Path:
+    "Write `model`'s weights, its splines and `n` fixed problems of `split` into one .safetensors file for the page."
+    from safetensors.torch import save_file
+    from spline_transformers.model import spline_layout
+    cfg, b = model.cfg, task.eval_set(split, n)
+    state = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
+             if not k.endswith(".knots") and not (cfg.tie_embeddings and k == "lm_head.weight")}
+    state.update({"problems.x": b.x.int().contiguous(), "problems.y": b.y.int().contiguous(), "problems.mask": b.mask.to(torch.uint8).contiguous()})
+    meta = {"format": "spline_transformers.LiveModel/1", "config": json.dumps(cfg.to_dict()),
+            "nonlinearities": json.dumps(model.nonlinearities.config()), "layout": json.dumps(spline_layout(cfg.sharing, cfg.n_layers)),
+            "task": json.dumps({"name": task.name, "params": task.params}), "split": split, "n": str(n), "source": source}
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata=meta)
+    return path
+
+def load_live_model(
+    name_or_path, # a shipped model's name (a file in `live_dir()`) or a path
+)->tuple:
+    "(model, task, split, n) from a file written by `save_live_model`; the model is in eval mode, its splines frozen."
+    from safetensors import safe_open
+    from spline_transformers.model import Transformer, TransformerConfig
+    from spline_transformers.tasks import get_task
+    p = Path(name_or_path)
+    if p.suffix != ".safetensors": p = live_dir() / f"{name_or_path}.safetensors"
+    if not p.is_file():
+        raise FileNotFoundError(f"no live model at {p}; the shipped ones are {sorted(f.stem for f in live_dir().glob('*.safetensors'))}")
+    with safe_open(str(p), "pt") as f: meta, state = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    if meta.get("format") != "spline_transformers.LiveModel/1": raise ValueError(f"{p} is not a live model (written by save_live_model)")
+    t = json.loads(meta["task"]); task = get_task(t["name"], **t["params"])
+    model = Transformer(TransformerConfig.from_dict(json.loads(meta["config"])))
+    problems = {k: state.pop(f"problems.{k}") for k in ("x", "y", "mask")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or any(not (k.endswith(".knots") or k == "lm_head.weight") for k in missing):
+        raise ValueError(f"{p}: its weights do not fit its config (missing {missing}, unexpected {unexpected})")
+    split, n = meta["split"], int(meta["n"])
+    b = task.eval_set(split, n)
+    if not (torch.equal(b.x.int(), problems["x"]) and torch.equal(b.y.int(), problems["y"]) and torch.equal(b.mask, problems["mask"].bool())):
+        raise ValueError(f"{p}: its problems are not the task's {split} evaluation problems any more; write the file again")
+    model.nonlinearities.freeze()
+    return model.eval(), task, split, n
+
+# %% ../nbs/30_widgets.ipynb #08b15d1c
+class TaskEffect(PageEffect):
+    "A trained model's sequence accuracy and loss on fixed problems of its task; the page runs the model after each edit."
+    kind = "transformer_task"
+    def __init__(self,
+                 model:nn.Module,   # a `Transformer` (softmax attention; the MLP a spline, ReLU or GeLU)
+                 task,              # its task
+                 split:str="test",  # which split's fixed evaluation problems
+                 n:int=256,         # how many
+                 src:Optional[str]=None): # where the page fetches the model file (None: the model travels inside the page)
+        self.model, self.task, self.split, self.n, self.src = model, task, split, n, src
+    @classmethod
+    def shipped(cls, name:str)->"TaskEffect":
+        "The effect of a model shipped in `live_dir()`: the page fetches it from `live/<name>.safetensors` beside it."
+        model, task, split, n = load_live_model(name)
+        return cls(model, task, split, n, src=f"{SITE_LIVE}/{name}.safetensors")
+    def metrics(self)->dict:
+        "`Task.evaluate` on the problems: loss, token_acc, seq_acc."
+        return self.task.evaluate(self.model, self.split, self.n)
+    def __call__(self)->dict:
+        r = self.metrics()
+        return {f"{self.split} accuracy": r["seq_acc"], f"{self.split} loss": r["loss"]}
+    def page_spec(self)->dict:
+        cfg = self.model.cfg
+        if cfg.attn_fn != "softmax" or cfg.pre_qkv_spline or cfg.mlp_act not in ("spline", "relu", "gelu"):
+            raise ValueError("the page runs softmax attention with a spline, ReLU or GeLU MLP; this model has "
+                             f"attn_fn={cfg.attn_fn!r}, mlp_act={cfg.mlp_act!r}, pre_qkv_spline={cfg.pre_qkv_spline}")
+        spec = {"kind": self.kind, "name": self.task.name, "keys": [[f"{self.split} accuracy", "seq_acc"], [f"{self.split} loss", "loss"]]}
+        if self.src: spec["src"] = self.src
+        else:
+            import tempfile
+            with tempfile.TemporaryDirectory() as d:
+                spec["inline"] = base64.b64encode(save_live_model(self.model, self.task, Path(d) / "m.safetensors", self.split, self.n).read_bytes()).decode()
+        return spec
+
+def site_files()->dict:
+    "Files the documentation site needs beside its pages, as {path in the site: file}: the shipped live models."
+    return {f"{SITE_LIVE}/{f.name}": f for f in sorted(live_dir().glob("*.safetensors"))}
 
 # %% ../nbs/30_widgets.ipynb #98c02367
 from .interpolation import build_interpolator, random_dataset

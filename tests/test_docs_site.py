@@ -225,3 +225,31 @@ def test_two_phase_titles_fit_narrow_windows(site, browser):
                          if "cut off by the edge" in p or "under the toolbar" in p]
             page.context.close()
     assert not problems, "\n".join(problems)
+
+
+LIVE = (("widgets.html", 16, -50), ("add.html", 22, 70))   # page, knot, pixels to drag it (the sin(2x) fit's x = 0; ADD's spike at x = 0.6)
+
+
+def test_live_editors_answer_on_the_site(site, browser):
+    """Issue 28 (1, 4): with no kernel, a knot dragged with the mouse in chapter 30's "Break GeLU" editor and in chapter 11's
+    ADD editor changes the loss or accuracy the page computes and shows, and it equals the library's for the spline the page
+    used within 1e-4 (`live_page.check_drag`); the model file comes from beside the page; no request leaves 127.0.0.1, no
+    console error."""
+    from browser import console_errors
+    from live_page import live_editors, check_drag
+    with_live = {p.name for p in pages(site) if "stLive.register(" in p.read_text()}
+    assert {name for name, _, _ in LIVE} <= with_live, with_live
+    with serve(site) as base:
+        for name, k, dy in LIVE:
+            page, errors, outside = open_page(browser, f"{base}/{name}", viewport=DESKTOP)
+            console = console_errors(page)
+            page.reload()                                   # with the console listened to from the start
+            n = len(re.findall(r"Plotly\.newPlot\(", (site / name).read_text()))
+            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=30_000)
+            ids = live_editors(page)
+            assert len(ids) == 1, (name, ids)
+            before, after, lib = check_drag(page, ids[0], k, dy, site=site)
+            if SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_live_{Path(name).stem}.png"), full_page=False)
+            assert not errors and not console, (name, errors, console)
+            assert not outside, (name, outside)
+            page.context.close()
