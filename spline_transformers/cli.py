@@ -44,6 +44,7 @@ from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
 
 # %% ../nbs/22_cli.ipynb #a5a0242d
+# Why one cell: one function that declares every command and its options, read from top to bottom
 def build_parser()->argparse.ArgumentParser:
     "The `spline-transformers` argument parser with its seven sub-commands."
     p = argparse.ArgumentParser(prog="spline-transformers", formatter_class=argparse.RawDescriptionHelpFormatter,

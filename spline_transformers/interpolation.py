@@ -308,6 +308,7 @@ class FeedForward(nn.Module):
         for k in range(self.width): out = out + h[..., k:k+1] * self.W[:, k]   # W h, one unit at a time, elementwise
         return out
 
+# %% ../nbs/20_interpolation.ipynb #e7a18887
 class InterpAttention(nn.Module):
     "SA_i(X) = rho x_i + alpha sum_l pi_il x_l with scores <A x_i, x_l>, A = gamma I + q k^T; hardmax or softmax(tau)."
     def __init__(self,
@@ -470,6 +471,7 @@ _malloc_trim = None
 
 TRIM_BYTES = 32 * 2**20   # the builder releases freed memory after this many bytes of per-block temporaries
 
+# %% ../nbs/20_interpolation.ipynb #23de939e
 class _Builder:
     "Designs the blocks one after another from the current token positions (one method per stage, added below)."
     def __init__(self, X, Y, scale, attention, tau, mode, seed, stats=False, progress=None):
@@ -1059,6 +1061,7 @@ def _json_sequence(s, where, path)->np.ndarray:
                                         f"remove NaN/Infinity and values beyond ±1.8e308")
     return a
 
+# %% ../nbs/20_interpolation.ipynb #c5a55f67
 def load_dataset_file(
     path, # a .npz or .json dataset file (formats in the chapter)
 )->tuple:

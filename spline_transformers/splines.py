@@ -423,6 +423,7 @@ def verify_checksum(
         raise error(f"{path} fails its checksum: it was changed or corrupted after it was written; "
                     "use another copy or save it again from the model")
 
+# %% ../nbs/01_splines.ipynb #d85dddca
 def _validate(src, kind, values, knots, x_min, x_max, extrapolate):
     "Raise `SplineFormatError` naming the first thing wrong with a loaded spline."
     def bad(msg): raise SplineFormatError(f"{src}: {msg}")

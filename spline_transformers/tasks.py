@@ -290,6 +290,7 @@ def _check_not_empty(self:Task, split, have, tried, n):
         raise RuntimeError(f"{self.name}: split {split!r} is empty or nearly so ({have} of {tried} drawn problems fell in it); "
                            f"the problem space is too small for the hash partition: increase the problem sizes, or test_frac/arch_frac")
 
+# %% ../nbs/05_tasks.ipynb #185815b2
 @patch
 def batch(
     self:Task,
@@ -675,6 +676,7 @@ def dyck_balanced(
     return ok
 
 # %% ../nbs/05_tasks.ipynb #acdf776a
+# Why one cell: one class of just over 100 lines (its generator, its two constraints and its checks belong to one object)
 class ParenthesesTask(Task):
     "Dyck-2 classification: `<bos> brackets = yes|no <eos>`."
     name, joiner, size_key = "parentheses", "", "length"

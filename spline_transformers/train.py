@@ -483,6 +483,7 @@ def _prune(folder, keep):
     if keep is None: return
     for p in list_checkpoints(folder)[:-keep]: p.unlink(missing_ok=True)
 
+# %% ../nbs/07_train.ipynb #d5312a61
 def run_loop(
     state:TrainState, # module, optimisers, generators (fresh or restored)
     cfg:TrainConfig, # steps, schedule, eval and checkpoint settings
@@ -571,6 +572,7 @@ def run_loop(
     finally: bar.close()
     return state
 
+# %% ../nbs/07_train.ipynb #b563989a
 def _live_state(state:TrainState)->dict:
     "The weights and optimiser state of a run, as `nonfinite_state` reads them (no copies)."
     return {"module": state.module.state_dict(), "optimizers": {k: o.state_dict() for k, o in state.optimizers.items()}}
@@ -667,6 +669,7 @@ def make_optimizer(
     fused = bool(ps) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in ps)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **({"fused": True} if fused else {}))
 
+# %% ../nbs/07_train.ipynb #161ab215
 def probe_loss_fn(
     model:nn.Module, # the model or ensemble being trained (uncompiled)
     data, # task or corpus

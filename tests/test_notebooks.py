@@ -132,3 +132,24 @@ def test_no_private_name_is_imported_across_modules():
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases and n.attr.startswith("_"):
                 bad.append(f"{f.name}: {n.value.id}.{n.attr}")
     assert not bad, bad
+
+
+MAX_MODULE_LINES, MAX_CELL_LINES = 700, 100  # the house's sizes: past them, the chapter says why
+
+
+def test_long_modules_and_cells_say_why():
+    "No module over ~700 lines without a '**Why one module.**' paragraph in its chapter; no exported cell over ~100 lines without '# Why one cell:'."
+    unexplained = []
+    for nb in NOTEBOOKS:
+        mod = _module_of(nb)
+        if not mod: continue
+        cells = json.loads(nb.read_text())["cells"]
+        text = lambda c: c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+        n = len((PKG / f"{mod}.py").read_text().splitlines())
+        if n > MAX_MODULE_LINES and not any(c["cell_type"] == "markdown" and "**Why one module.**" in text(c) for c in cells):
+            unexplained.append(f"{mod}.py has {n} lines")
+        for c in cells:
+            s = text(c)
+            if c["cell_type"] == "code" and re.match(r"#\|\s*export\s*\n", s) and len(s.splitlines()) > MAX_CELL_LINES and "# Why one cell:" not in s:
+                unexplained.append(f"{nb.name}: an exported cell of {len(s.splitlines())} lines ({s.splitlines()[1][:50]!r})")
+    assert not unexplained, unexplained
