@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/runner.html.md""
 
 # %% ../nbs/09c_runner.ipynb #0de7ca19
 from __future__ import annotations
-import json, math, os, re, shutil, sys, time
+import json, math, os, re, shutil, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
