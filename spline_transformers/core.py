@@ -1,4 +1,4 @@
-"""The helpers every room of the house shares: argument checks with one message style, the batch type, devices, atomic writes, locks, checksums, dataclass loading and the C++ extension builder.
+"""The helpers every room of the house shares: argument checks with one message style, the batch type, devices, atomic writes, locks, checksums, child processes, dataclass loading and the C++ extension builder.
 
 Docs: https://spline-transformers.github.io/spline_transformers/core.html.md"""
 
@@ -17,7 +17,8 @@ __all__ = ['PROCESS_ENV', 'HEAP_THRESHOLD', 'MALLOC_TUNED', 'TEMP_MARK', 'CPP_FL
            'check_number', 'check_fraction', 'check_pair', 'Batch', 'model_device', 'resolve_device', 'fsync_dir',
            'temp_folder', 'atomic_write', 'remove_stale_temps', 'sha256_hex', 'tensor_digest', 'staged_folder',
            'git_output', 'cpu_model', 'canonical_json', 'content_hash', 'provenance_record', 'FolderInUse',
-           'FolderLock', 'from_dict', 'kernel_source', 'cpp_extension_name', 'build_cpp_extension']
+           'FolderLock', 'ChildProcess', 'run_in_processes', 'from_dict', 'kernel_source', 'cpp_extension_name',
+           'build_cpp_extension']
 
 # %% ../nbs/00_core.ipynb #3decd95d
 PROCESS_ENV = "SPLINE_TRANSFORMERS_PROCESS"   # "default": leave OpenMP's wait policy and glibc's heap alone
@@ -404,6 +405,165 @@ class FolderLock:
 
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release()
+
+# %% ../nbs/00_core.ipynb #af65eb4b
+import builtins, importlib, signal, traceback
+from typing import Callable
+
+_CHILD_CODE = "import sys; from spline_transformers.core import _child_main; _child_main(sys.argv[1:])"
+_CHILD_TEMP = "spline_transformers_child"   # a child's private folder: .spline_transformers_child.tmp-<parent pid>-<random>
+
+def _die_with_parent(parent:int):
+    "End this process when `parent` ends (killed too): Linux's parent-death signal, and a watchdog thread everywhere."
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass   # not Linux: the watchdog below still notices
+    if os.getppid() != parent: os._exit(1)   # the parent died before the signal was set
+    def watch():
+        while os.getppid() == parent: time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+def _json_attrs(e:BaseException)->dict:
+    "An exception's own attributes, JSON-able (others, e.g. paths, as their str)."
+    out = {}
+    for k, v in vars(e).items():
+        if k.startswith("_"): continue
+        try: json.dumps(v); out[k] = v
+        except (TypeError, ValueError): out[k] = str(v)
+    return out
+
+def _target(target:str):
+    "The function a `'module:function'` name gives (`function` may be dotted: 'module:Class.method')."
+    mod, _, name = target.partition(":")
+    obj = importlib.import_module(mod)
+    for part in name.split("."): obj = getattr(obj, part)
+    return obj
+
+def _child_main(argv:list):
+    "A child's life (`ChildProcess`): bound to its parent, import the target, wait for the call on stdin, run it, write the answer as JSON."
+    target, parent, result, threads = argv[:4]   # argv[4], the child's name, is there for `ps`
+    _die_with_parent(int(parent))
+    if threads: torch.set_num_threads(int(threads))
+    try:
+        fn = _target(target)   # imported while the parent works on: the call comes when it is ready
+        orders = sys.stdin.buffer.read()
+        if not orders: return   # stopped before it was sent a call
+        call = json.loads(orders)
+        answer, ok = json.dumps({"status": "ok", "value": fn(*call["args"], **call["kwargs"])}), True
+    except BaseException as e:
+        traceback.print_exc()   # into the log
+        answer, ok = json.dumps({"status": "error", "type": type(e).__name__, "module": type(e).__module__, "message": str(e),
+                                 "attrs": _json_attrs(e), "traceback": traceback.format_exc()}), False
+    sys.stdout.flush(); sys.stderr.flush()
+    atomic_write(result, answer)
+    if not ok: sys.exit(1)
+
+def _child_error(info:dict, name:str)->BaseException:
+    "A child's error report as an exception: a built-in type as itself, any other as a RuntimeError naming it."
+    msg, kind = info["message"], info["type"]
+    cls = getattr(builtins, kind, None) if info.get("module") == "builtins" else None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        try: return cls(msg)
+        except Exception: pass
+    return RuntimeError(f"{name} failed: {kind}: {msg}")
+
+# %% ../nbs/00_core.ipynb #21784527
+class ChildProcess:
+    "One call `module:function(*args, **kwargs)` in a fresh Python interpreter that dies with this process: JSON in, JSON out, its output in a log file."
+    def __init__(self,
+                 target:str, # "package.module:function", importable by a fresh interpreter
+                 log:Optional[Union[str,Path]]=None, # the child's stdout and stderr, appended (None: a temporary file, removed with its result)
+                 threads:Optional[int]=1, # CPU threads of the child (OpenMP, MKL, torch); None: the child's own defaults
+                 env:Optional[dict]=None, # more environment variables for the child
+                 name:Optional[str]=None, # what the child is, for messages and the command line `ps` shows (default: `target`)
+                ):
+        if not isinstance(target, str) or not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", target):
+            raise ValueError(f"target must be 'module:function', got {target!r}")
+        if threads is not None: threads = check_int("threads", threads, lo=1)
+        self.target, self.name, self.sent = target, name or target, False
+        tmp = tempfile.gettempdir(); remove_stale_temps(tmp, _CHILD_TEMP)   # the private folders of killed parents
+        self.folder = Path(tempfile.mkdtemp(prefix=f".{_CHILD_TEMP}{TEMP_MARK}{os.getpid()}-", dir=tmp))
+        self.log, self.answer = Path(log) if log is not None else self.folder / "log.txt", self.folder / "answer.json"
+        e = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}), **(env or {})}
+        with open(self.log, "ab") as f:
+            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer),
+                                          "" if threads is None else str(threads), self.name],
+                                         stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e)
+
+    @property
+    def pid(self)->int:
+        "The child's process id."
+        return self.proc.pid
+
+    def send(self, *args, **kwargs)->"ChildProcess":
+        "Send the call's arguments (JSON-able) to the child, which then runs it; returns self."
+        if self.sent: raise RuntimeError(f"{self.name}: its call was sent already")
+        data = json.dumps({"args": list(args), "kwargs": kwargs}).encode()   # not JSON-able: a TypeError here, before sending
+        self.sent = True
+        try: self.proc.stdin.write(data); self.proc.stdin.close()
+        except BrokenPipeError: pass   # the child has ended already: `result` says why
+        return self
+
+    def poll(self)->Optional[int]:
+        "The child's exit code, or None while it runs."
+        return self.proc.poll()
+
+    def result(self,
+               rebuild:Optional[Callable]=None, # rebuild(error report: dict) -> the caller's own exception, or None for the default
+               timeout:Optional[float]=None, # seconds to wait (then `subprocess.TimeoutExpired`; the child runs on)
+              ):
+        "Wait for the child: its function's return value, or its error raised here."
+        if not self.sent: raise RuntimeError(f"{self.name}: send the call before asking for its result")
+        code = self.proc.wait(timeout)
+        try:
+            if not self.answer.is_file():
+                tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:]) if self.log.is_file() else ""
+                where = "" if self.log.parent == self.folder else f"; its log: {self.log}"
+                raise RuntimeError(f"{self.name} ended with exit code {code} and no result{': ' + tail if tail else ''}{where}")
+            info = json.loads(self.answer.read_text())
+        finally: self._clean()
+        if info["status"] == "ok": return info["value"]
+        e = (rebuild(info) if rebuild is not None else None) or _child_error(info, self.name)
+        if hasattr(e, "add_note"): e.add_note(f"in the child process {self.name}:\n{info['traceback'].rstrip()}")
+        raise e
+
+    def stop(self):
+        "End the child if it still runs (SIGTERM, then SIGKILL after 5 s) and remove its temporary files."
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try: self.proc.wait(5)
+            except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
+        try: self.proc.stdin.close()
+        except OSError: pass
+        self._clean()
+
+    def _clean(self): shutil.rmtree(self.folder, ignore_errors=True)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.stop()
+
+def run_in_processes(
+    calls:Iterable, # (target, arguments) pairs: a "module:function" and a list of positional or a dict of keyword arguments
+    jobs:int=1, # children at once
+    threads:Optional[int]=1, # CPU threads per child (`ChildProcess`)
+    rebuild:Optional[Callable]=None, # the caller's own error types (`ChildProcess.result`)
+)->list:
+    "Run each call in its own `ChildProcess`, `jobs` at a time; their return values in order (the first error stops the rest and is raised)."
+    jobs, calls = check_int("jobs", jobs, lo=1), list(calls)
+    values, running, todo = [None] * len(calls), {}, list(range(len(calls)))
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                i = todo.pop(0); target, a = calls[i]
+                p = running[i] = ChildProcess(target, threads=threads)
+                p.send(**a) if isinstance(a, dict) else p.send(*a)
+            ended = [i for i, p in running.items() if p.poll() is not None]
+            if not ended: time.sleep(0.05)
+            for i in ended: values[i] = running.pop(i).result(rebuild)
+    finally:
+        for p in running.values(): p.stop()
+    return values
 
 # %% ../nbs/00_core.ipynb #616b868d
 def from_dict(

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/runner.html.md""
 
 # %% ../nbs/09c_runner.ipynb #0de7ca19
 from __future__ import annotations
-import json, math, os, re, shutil, signal, subprocess, sys, threading, time
+import json, math, os, re, shutil, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -23,7 +23,7 @@ import torch
 
 # %% ../nbs/09c_runner.ipynb #979a78a4
 from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
-                                      model_device, resolve_device, sha256_hex, staged_folder, FolderLock, FolderInUse)
+                                      model_device, resolve_device, sha256_hex, staged_folder, ChildProcess, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities, record_preactivations
 from .attention import record_scores
 from .ensemble import Ensemble
@@ -194,7 +194,7 @@ def run_scheduled(
             for k, (group, p, ts) in list(running.items()):
                 code = p.poll()
                 if code is None: continue
-                del running[k]
+                del running[k]; p.stop()   # ended: its answer is each cell's done.json; this removes its temporary files
                 problem = next((f"{g.label}: {q}" for g in group if (q := cell_problem(g, root)) is not None), None) if code == 0 else None
                 if code != 0 or problem is not None:
                     tail = (root / k / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
@@ -206,8 +206,7 @@ def run_scheduled(
             if not running and left and not ready:
                 raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
     finally:
-        for _, p, _ in running.values():
-            if p.poll() is None: p.terminate(); p.wait()
+        for _, p, _ in running.values(): p.stop()
 
 # %% ../nbs/09c_runner.ipynb #688203ef
 def load_data(
@@ -346,26 +345,13 @@ def _run_cells(cells:list, root:Path, device:str)->list:
 # %% ../nbs/09c_runner.ipynb #32a51ff2
 CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json")  # what a done cell holds (checksummed in done.json)
 
-def _die_with_parent(parent:int):
-    "End this process when `parent` ends (killed too): Linux's parent-death signal, and a watchdog thread everywhere."
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError): pass   # not Linux: the watchdog below still notices
-    if os.getppid() != parent: os._exit(1)   # the parent died before the signal was set
-    def watch():
-        while os.getppid() == parent: time.sleep(1.0)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
-
-def cell_main(argv:Sequence[str]):
-    "The entry point of a cell job's process (`_cell_process`): one thread, bound to its runner's life, then `run_cells`."
-    specs, root, device, parent = argv
-    _die_with_parent(int(parent))
-    torch.set_num_threads(1)
-    run_cells([Cell(d["key"], d["spec"], tuple(d["deps"]), d["label"]) for d in json.loads(specs)], root, device)
-
-_CELL_WORKER = "import sys; from spline_transformers.runner import cell_main; cell_main(sys.argv[1:])"
+def cell_main(
+    cells:list, # the job's cells as JSON: key, spec, deps and label each
+    root:str, # the `.cells` folder
+    device:str, # where they train
+)->list:
+    "What a cell job's process runs (`_cell_process`, a one-thread `core.ChildProcess` bound to its runner's life): `run_cells`; the cells' `done.json` records."
+    return run_cells([Cell(d["key"], d["spec"], tuple(d["deps"]), d["label"]) for d in cells], root, device)
 
 def _is_done(root:Path, key:str)->bool: return (root / key / "done.json").is_file()
 
@@ -405,13 +391,11 @@ def cell_problem(
     except (ValueError, OSError) as e: return str(e)
     return None
 
-def _cell_process(cells:Sequence[Cell], root:Path, device:str, log:Path)->subprocess.Popen:
-    "Start a job of `cells` (`run_cells`) in a fresh one-thread interpreter that dies with this process; its output goes to `log`."
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SPLINE_TRANSFORMERS_THREADS": "1"}
-    arg = json.dumps([{"key": c.key, "spec": c.spec, "deps": list(c.deps), "label": c.label} for c in cells])
-    with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-c", _CELL_WORKER, arg, str(root), device, str(os.getpid())],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
+def _cell_process(cells:Sequence[Cell], root:Path, device:str, log:Path)->ChildProcess:
+    "Start a job of `cells` (`cell_main`) in a one-thread `ChildProcess` that dies with this process; its output goes to `log`."
+    p = ChildProcess("spline_transformers.runner:cell_main", log=log, threads=1, env={"SPLINE_TRANSFORMERS_THREADS": "1"},
+                     name=f"cell job {log.parent}")   # `ps` shows the cell's folder
+    return p.send([{"key": c.key, "spec": c.spec, "deps": list(c.deps), "label": c.label} for c in cells], str(root), device)
 
 def provenance(
     exp:Experiment, # the experiment

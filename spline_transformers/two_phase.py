@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/two_phase.html.m
 
 # %% ../nbs/08_two_phase.ipynb #63771f21
 from __future__ import annotations
-import builtins, json, math, os, subprocess, sys, tempfile, time
+import json, math, os, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -28,7 +28,7 @@ import torch.nn as nn
 from .model import TransformerConfig, Nonlinearities, nonlinearities_figure
 from .ensemble import Ensemble
 from .tasks import get_task
-from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict
+from .core import check_option, resolve_device, atomic_write, remove_stale_temps, from_dict, ChildProcess
 from spline_transformers.train import (TrainConfig, TrainResult, TrainState, TrainingDiverged, train, resume_and_run,
     data_generator, derive_seed, stack_batches, masked_cross_entropy, clip_grad_norm_per_model_,
     evaluate_rows, default_eval_splits, metrics_frame, steps_to_threshold, seed_quantiles, lower_median, speedup, data_info, autocast, make_optimizer, thread_policy,
@@ -568,61 +568,44 @@ def _demo_arm(arm:str, c:DemoConfig, source)->TrainResult:
     if arm == "learned": return phase2(task, source, c.arch, c.train, seeds=c.seeds, name="learned")
     return baseline(task, c.arch, c.train, seeds=c.seeds, name="standard")
 
-_ARM_WORKER = "import sys; from spline_transformers.two_phase import _arm_worker; _arm_worker(sys.argv[1])"
+_ARM_JOB = "spline_transformers.two_phase:_arm_job"   # what an arm's process runs (`core.ChildProcess`)
 
-def _arm_worker(folder:str):
-    "Child process: read the arm's orders (JSON) from stdin, run the arm, write its metrics.csv and result.json (or the error, as JSON) into `folder`."
-    orders = sys.stdin.buffer.read()   # blocks until the parent is ready (torch is imported by then: the start-up overlaps Phase I)
-    if not orders: return
-    out = Path(folder)
-    try:
-        o = json.loads(orders)
-        r = _demo_arm(o["arm"], DemoConfig.from_dict(o["config"]), o["source"])
-        atomic_write(out / "metrics.csv", r.metrics.to_csv(index=False))
-        info = {"status": "ok", "steps": r.steps, "steps_run": r.steps_run, "wall_time": r.wall_time, "device": r.device,
-                "config": r.config.to_dict(), "checkpoints": [str(p) for p in r.checkpoints]}
-    except BaseException as e:
-        ck = getattr(e, "checkpoint", None)
-        info = {"status": "error", "type": type(e).__name__, "message": str(e), "step": getattr(e, "step", None),
-                "checkpoint": None if ck is None else str(ck)}
-    atomic_write(out / "result.json", json.dumps(info))
+def _arm_job(arm:str, config:dict, source:Optional[str], folder:str)->dict:
+    "In an arm's process: run the demo's `arm`, write its metrics.csv into `folder`; the rest of its `TrainResult` as JSON."
+    r = _demo_arm(arm, DemoConfig.from_dict(config), source)
+    atomic_write(Path(folder) / "metrics.csv", r.metrics.to_csv(index=False))
+    return {"steps": r.steps, "steps_run": r.steps_run, "wall_time": r.wall_time, "device": r.device,
+            "config": r.config.to_dict(), "checkpoints": [str(p) for p in r.checkpoints]}
 
-def _arm_error(arm:str, info:dict)->BaseException:
-    "The child's error rebuilt from its JSON report: a `TrainingDiverged` or built-in exception as itself, anything else as a RuntimeError naming it."
-    msg, kind = info["message"], info["type"]
-    if kind == "TrainingDiverged":
-        e = TrainingDiverged.__new__(TrainingDiverged); RuntimeError.__init__(e, msg)
-        e.step, e.checkpoint = info.get("step"), None if info.get("checkpoint") is None else Path(info["checkpoint"])
-        return e
-    cls = getattr(builtins, kind, None)
-    if isinstance(cls, type) and issubclass(cls, BaseException):
-        try: return cls(msg)
-        except Exception: pass
-    return RuntimeError(f"the demo's {arm!r} arm failed: {kind}: {msg}")
+def _diverged(info:dict)->Optional[TrainingDiverged]:
+    "An arm's `TrainingDiverged` rebuilt from its error report, with its step and checkpoint (`ChildProcess.result`'s `rebuild`); None for other errors."
+    if info["type"] != "TrainingDiverged": return None
+    e = TrainingDiverged.__new__(TrainingDiverged); RuntimeError.__init__(e, info["message"])
+    ck = info["attrs"].get("checkpoint")
+    e.step, e.checkpoint = info["attrs"].get("step"), None if ck is None else Path(ck)
+    return e
 
-class _ArmProcess:
-    "A Phase II arm in its own Python process (a fresh interpreter: no fork of this one, no re-import of `__main__`); orders and results travel as JSON, safetensors and CSV."
-    def __init__(self, folder:Path, arm:str):
-        self.arm, self.folder = arm, Path(folder) / arm
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-c", _ARM_WORKER, str(self.folder)], stdin=subprocess.PIPE)
-    def start(self, c:DemoConfig, source):
-        if isinstance(source, Phase1Result): source = source.save(self.folder / "source")   # safetensors + JSON + CSV
-        elif isinstance(source, Nonlinearities): source = source.save(self.folder / "source.safetensors")
-        orders = {"arm": self.arm, "config": c.to_dict(), "source": None if source is None else str(source)}
-        self.proc.stdin.write(json.dumps(orders).encode()); self.proc.stdin.close()
-    def result(self)->TrainResult:
-        "The arm's `TrainResult` (its model stays in the child: `model` is None)."
-        code, f = self.proc.wait(), self.folder / "result.json"
-        if not f.is_file(): raise RuntimeError(f"the demo's {self.arm!r} arm ended with exit code {code} and no result")
-        info = json.loads(f.read_text())
-        if info["status"] == "error": raise _arm_error(self.arm, info)
-        rows = pd.read_csv(self.folder / "metrics.csv").to_dict("records")   # pandas writes and reads floats exactly (the tests check)
-        return TrainResult(None, metrics_frame(rows), info["steps"], info["steps_run"], info["wall_time"], info["device"],
-                           TrainConfig.from_dict(info["config"]), [Path(p) for p in info["checkpoints"]])
-    def stop(self):
-        if self.proc.poll() is None: self.proc.kill(); self.proc.wait()
+def _start_arms()->dict:
+    "arm -> its `ChildProcess`, started now so that importing torch overlaps Phase I (threads: train's own policy, as in one process)."
+    return {a: ChildProcess(_ARM_JOB, threads=None, name=f"the demo's {a!r} arm") for a in ("learned", "standard")}
 
+def _finish_arms(arms:dict, folder:Path, c:DemoConfig, source)->tuple:
+    "Send each arm of `_start_arms` its orders (`source`: the learned splines, saved as safetensors, JSON, CSV); their (learned, standard) `TrainResult`s, models left in the children."
+    for a, p in arms.items():
+        out = Path(folder) / a; out.mkdir(parents=True, exist_ok=True)
+        src = None if a == "standard" else source
+        if isinstance(src, Phase1Result): src = src.save(out / "source")
+        elif isinstance(src, Nonlinearities): src = src.save(out / "source.safetensors")
+        p.send(a, c.to_dict(), None if src is None else str(src), str(out))
+    done = []
+    for a in ("learned", "standard"):
+        info = arms[a].result(rebuild=_diverged)
+        rows = pd.read_csv(Path(folder) / a / "metrics.csv").to_dict("records")   # pandas writes and reads floats exactly (the tests check)
+        done.append(TrainResult(None, metrics_frame(rows), info["steps"], info["steps_run"], info["wall_time"], info["device"],
+                                TrainConfig.from_dict(info["config"]), [Path(p) for p in info["checkpoints"]]))
+    return tuple(done)
+
+# %% ../nbs/08_two_phase.ipynb #7c7b01df
 def parallel_arms_default(c:DemoConfig, callbacks=None)->bool:
     "Whether `run_demo` runs its two Phase II arms in two processes by default: on a CPU with 2+ cores, when no callback needs this process."
     return resolve_device(c.train.device).type == "cpu" and (os.cpu_count() or 1) >= 2 and not callbacks
@@ -641,15 +624,14 @@ def run_demo(
     par = parallel_arms_default(c, callbacks) if parallel is None else bool(parallel)
     if par and callbacks: raise ValueError("callbacks run in this process: pass parallel=False (or no callbacks) to run_demo")
     with tempfile.TemporaryDirectory(prefix="spline_transformers_demo_") as tmp:
-        arms = [_ArmProcess(tmp, a) for a in ("learned", "standard")] if par else []   # their start-up overlaps Phase I
+        arms = _start_arms() if par else {}   # their start-up overlaps Phase I
         try:
             say(f"Phase I: {c.p1.n_models} models, {c.phase1_train.steps} steps on {task!r}")
             p1 = phase1(task, c.arch, c.phase1_train, c.p1, callbacks=callbacks)
             say(f"Phase I done in {p1.cost['wall_time_s']:.0f} s; Phase II: {len(c.seeds)} seeds × 2 arms, {c.train.steps} steps"
                 + (" (the arms in two processes)" if par else ""))
             if par:
-                arms[0].start(c, replace(p1, ensemble=None)); arms[1].start(c, None)
-                learned, base = arms[0].result(), arms[1].result()
+                learned, base = _finish_arms(arms, Path(tmp), c, replace(p1, ensemble=None))
                 say(f"learned nonlinearities done in {learned.wall_time:.0f} s, standard transformer in {base.wall_time:.0f} s (in parallel)")
             else:
                 learned = phase2(task, p1, c.arch, c.train, seeds=c.seeds, name="learned", callbacks=callbacks)
@@ -657,7 +639,7 @@ def run_demo(
                 base = baseline(task, c.arch, c.train, seeds=c.seeds, name="standard", callbacks=callbacks)
                 say(f"standard transformer done in {base.wall_time:.0f} s")
         finally:
-            for a in arms: a.stop()
+            for p in arms.values(): p.stop()
     metrics = pd.concat([base.metrics, learned.metrics], ignore_index=True)
     table = steps_to_threshold(metrics, "seq_acc", c.threshold, "test")
     summary = compare(metrics, "standard", c.threshold)

@@ -222,3 +222,59 @@ def test_written_files_and_folders_follow_the_umask(tmp_path, mask):
     assert stat.S_IMODE(f.parent.stat().st_mode) == 0o777 & ~mask
     assert stat.S_IMODE(d.stat().st_mode) == 0o777 & ~mask
     assert d.name.startswith(f".corpus.tmp-{os.getpid()}-") and remove_stale_temps(tmp_path, names=["corpus"]) == []   # alive: kept
+
+
+# ---- issue 24: one process runner (`ChildProcess`) ------------------------------------------------------------------
+
+import signal, tempfile, time
+
+from spline_transformers.core import ChildProcess
+
+
+def _threads(pid:int)->int:
+    try: return int(next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("Threads:")).split()[1])
+    except (OSError, StopIteration): return 0
+
+
+def _alive(pid:int)->bool:
+    "A live process (not a zombie waiting for its reaper)."
+    try: return "Z" not in next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State:"))
+    except (OSError, StopIteration): return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_child_dies_with_its_parent(sig):
+    "kill -9 or kill -TERM a parent whose child is running its call: the child ends too (parent-death signal, watchdog)."
+    code = ("import sys, time; from spline_transformers.core import ChildProcess; "
+            "p = ChildProcess('time:sleep').send(120); print(p.pid, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.time() + 60
+        while time.time() < deadline and _threads(child) < 2: time.sleep(0.1)   # its watchdog thread: bound to the parent
+        assert _alive(child) and _threads(child) >= 2, "the child did not start"
+        assert "time:sleep" in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")   # `ps` shows what it runs
+        parent.send_signal(sig); parent.wait(30)
+        deadline = time.time() + 15
+        while time.time() < deadline and _alive(child): time.sleep(0.1)
+        assert not _alive(child), "the child outlived its parent"
+    finally:
+        if parent.poll() is None: parent.kill(); parent.wait()
+
+
+def test_child_process_mechanics(tmp_path):
+    "Threads, a death without an answer (named, with its log's end and path), stop before the call, JSON-only arguments, temporary files removed."
+    log = tmp_path / "exit.log"
+    one, two, dies, idle = (ChildProcess("torch:get_num_threads"), ChildProcess("torch:get_num_threads", threads=2),
+                            ChildProcess("os:_exit", log=log, name="the exiting child"), ChildProcess("time:sleep"))
+    folders = [p.folder for p in (one, two, dies, idle)]
+    assert all(f.is_dir() and f.name.startswith(".spline_transformers_child.tmp-") for f in folders)
+    assert (one.send().result(), two.send().result()) == (1, 2)
+    with pytest.raises(RuntimeError, match=r"the exiting child ended with exit code 3 and no result.*its log: .*exit\.log"): dies.send(3).result()
+    assert log.is_file()   # a log the caller named stays
+    with pytest.raises(TypeError): idle.send(object())   # not JSON: refused here, before the child sees it
+    idle.stop()
+    assert idle.poll() is not None and not any(f.exists() for f in folders)
+    with pytest.raises(RuntimeError, match="sent already"): one.send()
+    with pytest.raises(ValueError, match="threads"): ChildProcess("time:sleep", threads=0)

@@ -153,3 +153,41 @@ def test_long_modules_and_cells_say_why():
             if c["cell_type"] == "code" and re.match(r"#\|\s*export\s*\n", s) and len(s.splitlines()) > MAX_CELL_LINES and "# Why one cell:" not in s:
                 unexplained.append(f"{nb.name}: an exported cell of {len(s.splitlines())} lines ({s.splitlines()[1][:50]!r})")
     assert not unexplained, unexplained
+
+
+# One process runner (issue 24): work runs in other processes only through `core.ChildProcess`. Running a tool and
+# reading its output (`subprocess.run` of git or pip) is not a runner; starting processes that live beside this one is.
+PROCESS_STARTS = {"Popen", "ProcessPoolExecutor", "fork", "forkpty", "multiprocessing"}
+PROCESS_STARTERS = {  # module -> (the one function allowed to start processes, None: the whole module; why)
+    "core": (None, "the one process runner: `ChildProcess`, `run_in_processes`"),
+    "distributed": ("launch", "starts torchrun, which starts the ranks of a distributed job: no measured work of its own"),
+    "interpolation_theory": (None, "temporary"),  # ch21: switching to core's runner
+}
+
+
+def _process_starts(tree):
+    "(top-level function or None, what) for each process start in a module: subprocess.Popen, multiprocessing, ProcessPoolExecutor, os.fork."
+    found = []
+    for top in tree.body:
+        fn = top.name if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        for n in ast.walk(top):
+            if isinstance(n, ast.Import): names = [a.name.split(".")[0] for a in n.names]
+            elif isinstance(n, ast.ImportFrom): names = [(n.module or "").split(".")[0]] + [a.name for a in n.names]
+            elif isinstance(n, ast.Attribute): names = [n.attr] if n.attr not in ("fork", "forkpty") or getattr(n.value, "id", None) == "os" else []
+            elif isinstance(n, ast.Name): names = [n.id]
+            else: continue
+            found += [(fn, w) for w in names if w in PROCESS_STARTS]
+    return found
+
+
+def test_one_process_runner():
+    "No package module starts processes of its own (subprocess.Popen, multiprocessing, ProcessPoolExecutor, os.fork) except `core`'s runner and the exceptions named above."
+    bad = []
+    for f in sorted(PKG.glob("*.py")):
+        if f.stem.startswith("_"): continue
+        allowed = PROCESS_STARTERS.get(f.stem, ("", ""))[0]
+        bad += [f"{f.name}: {what} in {fn or 'module level'}" for fn, what in _process_starts(ast.parse(f.read_text()))
+                if allowed is not None and fn != allowed]
+    assert not bad, f"start processes with core.ChildProcess (or add a reasoned exception): {bad}"
+    assert _process_starts(ast.parse("import multiprocessing\ndef f():\n    subprocess.Popen([]); os.fork()")) == \
+        [(None, "multiprocessing"), ("f", "Popen"), ("f", "fork")]   # the rule sees what it looks for

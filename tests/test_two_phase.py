@@ -325,24 +325,47 @@ def test_demo_arm_processes_exchange_no_pickle(task, tmp_path):
     import re
     from pathlib import Path
     import spline_transformers.two_phase as tp
-    src = Path(tp.__file__).read_text()
-    assert not re.search(r"\bimport pickle\b|\bpickle\.", src), "two_phase.py uses pickle"
+    import spline_transformers.core as core
+    for m in (tp, core):   # the demo's process code, and the one process runner
+        assert not re.search(r"\bimport pickle\b|\bpickle\.|multiprocessing", Path(m.__file__).read_text()), f"{m.__name__} uses pickle"
     c = tp.quick_demo_config("cpu")
     c = replace(c, train=replace(c.train, steps=4, eval_every=2, eval_examples=16, batch_size=8), seeds=(0,))
     p1 = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
     c = replace(c, arch=arch_for(task, ARCH))
-    arms = [tp._ArmProcess(tmp_path, a) for a in ("learned", "standard")]
-    try:
-        arms[0].start(c, replace(p1, ensemble=None)); arms[1].start(c, None)
-        got = [a.result() for a in arms]
+    arms = tp._start_arms()
+    try: got = tp._finish_arms(arms, tmp_path, c, replace(p1, ensemble=None))
     finally:
-        for a in arms: a.stop()
+        for p in arms.values(): p.stop()
     names = {p.suffix for p in tmp_path.rglob("*") if p.is_file()}
     assert names <= {".json", ".csv", ".safetensors"}, names
     for arm, r, source in zip(("learned", "standard"), got, (p1, None)):
         ref = tp._demo_arm(arm, c, source)
         pd.testing.assert_frame_equal(ref.metrics, r.metrics, check_exact=True)
         assert (r.steps, r.steps_run, r.config) == (ref.steps, ref.steps_run, ref.config) and r.wall_time > 0
+
+
+def test_demo_arm_errors_come_back_as_their_types(task, tmp_path):
+    "Issue 24: an arm process's `TrainingDiverged` comes back as itself with its step and checkpoint; a built-in error as itself; the others as a RuntimeError naming them."
+    import sys
+    from pathlib import Path
+    import spline_transformers.two_phase as tp
+    from spline_transformers.train import TrainingDiverged
+    c = tp.quick_demo_config("cpu")
+    c = replace(c, arch=arch_for(task, ARCH), seeds=(0,),
+                train=replace(c.train, steps=6, eval_every=2, eval_examples=16, batch_size=8, lr=1e12, warmup=0))
+    p1 = phase1(task, ARCH, tcfg(steps=2), Phase1Config(n_models=2))
+    arms = tp._start_arms()
+    try:
+        with pytest.raises(TrainingDiverged) as e: tp._finish_arms(arms, tmp_path / "arms", c, replace(p1, ensemble=None))
+    finally:
+        for p in arms.values(): p.stop()
+    assert isinstance(e.value.step, int) and e.value.checkpoint is None and "step" in str(e.value)
+    if sys.version_info >= (3, 11): assert any("the demo's 'learned' arm" in n for n in e.value.__notes__)   # the child's traceback
+    report = {"type": "TrainingDiverged", "module": "spline_transformers.train", "message": "m", "traceback": "",
+              "attrs": {"step": 3, "checkpoint": str(tmp_path / "ck" / "step-2")}}
+    back = tp._diverged(report)
+    assert isinstance(back, TrainingDiverged) and (back.step, back.checkpoint, str(back)) == (3, tmp_path / "ck" / "step-2", "m")
+    assert tp._diverged({**report, "type": "ValueError", "module": "builtins"}) is None   # left to core: a ValueError as itself
 
 
 def test_pre_qkv_spline_learns_in_phase1_and_loads_frozen_in_phase2(task):
