@@ -1,4 +1,4 @@
-"""Editors whose effect the page computes (chapter 30's `PageEffect`), driven as a reader would: drag a knot with the
+"""Editors whose effect the page computes (the editor chapter's `PageEffect`), driven as a reader would: drag a knot with the
 mouse, wait for the page's answer, and compute the library's value for the very spline the page used."""
 import base64, json, tempfile
 from pathlib import Path
@@ -48,7 +48,7 @@ def library_values(sp, spline, site=None):
     s = sp["spline"]
     if sp["kind"] == "spline_net":
         from spline_transformers.splines import LinearSpline
-        from spline_transformers.widgets import SplineNet
+        from spline_transformers.editor import SplineNet
         d = sp["data"]
         act = LinearSpline(len(spline), s["x_min"], s["x_max"], extrapolate=s["extrapolate"])
         net = SplineNet(act, width=len(d["w1"]))
@@ -58,7 +58,7 @@ def library_values(sp, spline, site=None):
             x, y = torch.tensor(d["x"]).unsqueeze(1), torch.tensor(d["y"]).unsqueeze(1)
             return {"mse": F.mse_loss(net(x), y).item()}
     if sp["kind"] == "transformer_task":
-        from spline_transformers.widgets import load_live_model, TaskEffect, find_splines
+        from spline_transformers.editor import load_live_model, TaskEffect, find_splines
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(site) / sp["src"] if sp.get("src") else Path(tmp) / "m.safetensors"
             if not sp.get("src"): path.write_bytes(base64.b64decode(sp["inline"]))

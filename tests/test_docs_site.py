@@ -227,11 +227,11 @@ def test_two_phase_titles_fit_narrow_windows(site, browser):
     assert not problems, "\n".join(problems)
 
 
-LIVE = (("widgets.html", 16, -50), ("add.html", 22, 70))   # page, knot, pixels to drag it (the sin(2x) fit's x = 0; ADD's spike at x = 0.6)
+LIVE = (("editor.html", 16, -50), ("add.html", 22, 70))   # page, knot, pixels to drag it (the sin(2x) fit's x = 0; ADD's spike at x = 0.6)
 
 
 def test_live_editors_answer_on_the_site(site, browser):
-    """Issue 28 (1, 4): with no kernel, a knot dragged with the mouse in chapter 30's "Break GeLU" editor and in chapter 11's
+    """Issue 28 (1, 4): with no kernel, a knot dragged with the mouse in the editor chapter's (10a) "Break GeLU" editor and in chapter 11's
     ADD editor changes the loss or accuracy the page computes and shows, and it equals the library's for the spline the page
     used within 1e-4 (`live_page.check_drag`); the model file comes from beside the page; no request leaves 127.0.0.1, no
     console error."""

@@ -295,7 +295,7 @@ def test_lm_afs_splines_load_by_name(name, counts, sharing, monkeypatch):
     assert (len(nl.mlp), len(nl.attn), len(nl.pre_qkv)) == counts and nl.sharing == sharing and nl.frozen
     assert name in set(ex.peer_zoo().name)
     monkeypatch.setenv("SPLINE_TRANSFORMERS_WIDGETS", "0")
-    from spline_transformers.widgets import SplineEditor   # the spline editor opens them and edits the values in place
+    from spline_transformers.editor import SplineEditor   # the spline editor opens them and edits the values in place
     ed = SplineEditor(nl)
     assert len(ed.refs) == sum(counts)
     last = list(ed.refs)[-1]; ed.select(last)

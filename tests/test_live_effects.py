@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from spline_transformers.splines import LinearSpline
-from spline_transformers.widgets import (SplineEditor, SplineNet, FitEffect, TaskEffect, load_live_model, save_live_model,
-                                         site_files, live_dir)
+from spline_transformers.editor import (SplineEditor, SplineNet, FitEffect, TaskEffect, load_live_model, save_live_model,
+                                        site_files, live_dir)
 
 
 def test_shipped_model_loads_and_scores():

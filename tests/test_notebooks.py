@@ -90,7 +90,7 @@ NAMESAKES = {  # chapter -> its first exported def or class
     "08_two_phase": "Phase1Config", "09_experiments": "Experiment", "09a_stats": "paired_bootstrap", "09c_runner": "reproduce",
     "09d_results": "load_result", "09e_report": "Report", "10_distributed": "distributed_phase1",
     "20_interpolation": "ExactInterpolator", "21_interpolation_theory": "stage_snapshots_figure",
-    "22_cli": "build_parser", "30_widgets": "SplineEditor",
+    "10a_editor": "SplineEditor", "22_cli": "build_parser", "30_widgets": "collapse_figure",
 }
 NO_NAMESAKE = {"00_core", "09b_registry"}   # the ground floor: helpers only; the registry: data (register calls), no object of its own
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 import plotly.graph_objects as go
 
 from spline_transformers.splines import LinearSpline, SplineBank
-from spline_transformers.widgets import (SplineEditor, find_splines, static_editor_html, spline_figure,
-                                         collapse_figure, CollapsePlayer, TrainingMonitor, Throttle, has_widget_frontend,
-                                         LiveFigure, ENV_WIDGETS, AnimationOutput)
+from spline_transformers.editor import (SplineEditor, find_splines, static_editor_html, spline_figure, Throttle,
+                                        has_widget_frontend, LiveFigure, ENV_WIDGETS)
+from spline_transformers.widgets import collapse_figure, CollapsePlayer, TrainingMonitor, AnimationOutput
 from spline_transformers.interpolation import build_interpolator, random_dataset, InterpolationDataError
 
 

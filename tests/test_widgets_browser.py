@@ -1,6 +1,6 @@
-"""The widgets chapter live in JupyterLab (headless Chromium), used as a reader would: Run All, press buttons and drag
-knots with the mouse, move a slider, pick from a drop-down, reload the page, resize the notebook area, Play and Pause
-the collapse player, Run All again. After each action every figure (curve points, knot circles, marker, titles,
+"""The editor chapter (10a) and the widgets chapter (30) live in JupyterLab (headless Chromium), used as a reader would:
+Run All, press buttons and drag knots with the mouse, move a slider, pick from a drop-down, reload the page, resize the
+notebook area, Play and Pause the collapse player, Run All again. After each action every figure (curve points, knot circles, marker, titles,
 effect panel) must show what the kernel holds; no edit may appear that the cells did not make; no figure may change
 height; no console error, kernel traceback or warning; no request leaves the machine. Also the offline (static-site) editor: drag a knot in a plain HTML page."""
 import contextlib, json, os, secrets, shutil, subprocess, sys, tempfile, time, urllib.request
@@ -13,7 +13,8 @@ from browser import require_browser, launch, serve, free_port, open_page, consol
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTER = ROOT / "nbs" / "30_widgets.ipynb"
+EDITOR_CHAPTER = ROOT / "nbs" / "10a_editor.ipynb"   # the spline editors
+WIDGETS_CHAPTER = ROOT / "nbs" / "30_widgets.ipynb"  # the collapse player and the training monitors
 
 LAB_CONFIG = {"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                          "extension_manager": "readonly", "expose_app_in_browser": True},
@@ -234,40 +235,72 @@ def _wait_agree(page, prefix, name, timeout=30):
     raise AssertionError(f"{name}: the page disagrees with the kernel: {bad}; console errors: {CONSOLE[-5:]}")
 
 
-def _check_after_run_all(page):
+FIGURE_CELLS = (ED, FIT, MODEL, ZOO, PLAYER, "AnimationOutput(anim3)", "monitor.figure()", "tm.figure()") + MONITORS
+
+
+def _check_after_run_all(page, editors=(), player=False):
     "The editors hold exactly what the cells set (no undo step nobody made), the status lines show the instructions, the"
     " player's animation is drawn once (inside the player), and every figure agrees with the kernel."
     page.wait_for_timeout(3000)                          # late echoes from the browser have had time to arrive
-    hist = _kjson(page, "[[h[2] for h in e.history] for e in (ed, fit_editor, model_editor, zoo_editor)]")
-    assert hist == [[], [], [], []], f"edits nobody made: {hist}"
-    assert _kjson(page, "[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in (ed, fit_editor, model_editor, zoo_editor)]") == [True] * 4
-    for prefix, name in EDITORS:
+    if editors:
+        names = "(" + ", ".join(name for _, name in editors) + ",)"
+        hist = _kjson(page, f"[[h[2] for h in e.history] for e in {names}]")
+        assert hist == [[]] * len(editors), f"edits nobody made: {hist}"
+        assert _kjson(page, f"[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in {names}]") == [True] * len(editors)
+    for prefix, name in editors:
         status = page.evaluate(f"() => [...({JS_CELL})({json.dumps(prefix)}).querySelectorAll('.widget-html')].map(e => e.textContent)"
                                ".find(t => t.includes('undo steps'))")
         assert status and "drag a knot" in status and "undo steps: 0" in status, f"{name} status: {status}"
         _wait_agree(page, prefix, name)
     n_anim = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => "
                            "c.node.querySelectorAll('.jp-OutputArea .js-plotly-plot').length)")
-    assert page.evaluate(f"() => {_plots(page, PLAYER)}.length") == 1
+    if player: assert page.evaluate(f"() => {_plots(page, PLAYER)}.length") == 1
     srcs = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => c.model.sharedModel.getSource())")
-    stray = [s.splitlines()[0] for s, n in zip(srcs, n_anim) if n and not any(p in s for p in
-             (ED, FIT, MODEL, ZOO, PLAYER, "AnimationOutput(anim3)", "monitor.figure()", "tm.figure()") + MONITORS)]
+    stray = [s.splitlines()[0] for s, n in zip(srcs, n_anim) if n and not any(p in s for p in FIGURE_CELLS)]
     assert not stray, f"figures under cells that show none: {stray}"
+
+
+def _resize_keeps_heights(page):
+    "(5) resize the notebook area (sidebar and log console): no figure changes height."
+    heights = _plot_heights(page)
+    assert min(heights) >= 250, heights
+    close_down = "() => { for (const w of [...window.jupyterapp.shell.widgets('down')]) w.close(); }"
+    for js in ("() => window.jupyterapp.commands.execute('application:toggle-left-area')",
+               "() => window.jupyterapp.commands.execute('logconsole:open')",          # the Log Console, below
+               "() => window.jupyterapp.commands.execute('application:toggle-left-area')", close_down,
+               "() => window.jupyterapp.commands.execute('logconsole:open')", close_down):
+        page.evaluate(js)
+        page.wait_for_timeout(1500)
+    assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
+
+
+def _nothing_went_wrong(page, errors, console, outside):
+    "(3) no kernel traceback or warning anywhere (Log Console, pink boxes), no console error, nothing left the machine."
+    assert not _kernel_errors(page), f"the kernel reported: {_kernel_errors(page)}"
+    assert not errors, f"page errors: {errors}"
+    assert not console, f"console errors: {console}"
+    assert not outside, f"requests that would have left the machine: {outside}"
+
+
+def _open_lab_page(browser, url):
+    "The notebook at `url` in JupyterLab, its kernel idle and watched: (page, requests that left, page errors, console errors)."
+    page, outside, errors = _open(browser, url)
+    console = console_errors(page)
+    CONSOLE[:] = []; page.on("console", lambda m: CONSOLE.append(m.text) if m.type == "error" else None)
+    _wait_kernel(page)
+    _watch_kernel_errors(page)
+    return page, outside, errors, console
 
 
 def _plot_heights(page):
     return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().height))")
 
 
-def test_widgets_chapter_live_in_jupyterlab(browser):
-    with jupyterlab(CHAPTER) as url:
-        page, outside, errors = _open(browser, url)
-        console = console_errors(page)
-        CONSOLE[:] = []; page.on("console", lambda m: CONSOLE.append(m.text) if m.type == "error" else None)
-        _wait_kernel(page)
-        _watch_kernel_errors(page)
+def test_editor_chapter_live_in_jupyterlab(browser):
+    with jupyterlab(EDITOR_CHAPTER) as url:
+        page, outside, errors, console = _open_lab_page(browser, url)
         _run_all(page)
-        _check_after_run_all(page)                                               # issue 18 (4)
+        _check_after_run_all(page, EDITORS)                                      # issue 18 (4)
         _shot(page, "after_runall_fit_editor", FIT)
 
         # (1) a button, pressed with the mouse: the curve and the effect panel (data and title) follow the model
@@ -314,28 +347,45 @@ def test_widgets_chapter_live_in_jupyterlab(browser):
         for prefix, name in EDITORS: _wait_agree(page, prefix, name)
         _shot(page, "item2_fit_editor_after_reload", FIT)
         _shot(page, "item2_model_editor_after_reload", MODEL)
+        _click(page, FIT, "undo")                        # after the reload the figures still hear the kernel
+        _wait_agree(page, FIT, "fit_editor")
+        _click(page, MODEL, "undo")
+        _wait_agree(page, MODEL, "model_editor")
+
+        _resize_keeps_heights(page)                                              # (5)
+
+        # (4) Run All twice more: no edit appears that the cells did not make
+        for _ in range(2):
+            _run_all(page)
+            _check_after_run_all(page, EDITORS)
+        _shot(page, "item4_status_after_second_runall", ED)
+
+        _nothing_went_wrong(page, errors, console, outside)                      # (3)
+        page.context.close()
+
+
+def test_widgets_chapter_live_in_jupyterlab(browser):
+    with jupyterlab(WIDGETS_CHAPTER) as url:
+        page, outside, errors, console = _open_lab_page(browser, url)
+        _run_all(page)
+        _check_after_run_all(page, player=True)
+
+        # (2) reload the page with the kernel alive: the monitors come back with every point the kernel holds
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(2000)
+        page.reload(wait_until="domcontentloaded")
+        _wait_kernel(page)
+        _watch_kernel_errors(page)
+        page.wait_for_function(f"() => {_plots(page, MONITORS[0])}.length >= 1 && {_plots(page, MONITORS[1])}.length >= 1 && "
+                               f"{_plots(page, PLAYER)}.length >= 1", timeout=120_000)
         for prefix, name in zip(MONITORS, ("monitor", "tm")):
             n = _kjson(page, f"[len([r for r in {name}.history if m in r]) for m in {name}.metrics()]")
             drawn = page.evaluate(f"() => {_plots(page, prefix)}.length && {_plots(page, prefix)}[0]._fullData ? "
                                   f"{_plots(page, prefix)}[0]._fullData.map(t => t.x.length) : null")
             assert drawn == n, f"{name} after a reload draws {drawn} points per curve, the kernel has {n}"
         _shot(page, "item2_monitor_after_reload", MONITORS[0])
-        _click(page, FIT, "undo")                        # after the reload the figures still hear the kernel
-        _wait_agree(page, FIT, "fit_editor")
-        _click(page, MODEL, "undo")
-        _wait_agree(page, MODEL, "model_editor")
 
-        # (5) resize the notebook area (sidebar and log console): no figure changes height
-        heights = _plot_heights(page)
-        assert min(heights) >= 250, heights
-        close_down = "() => { for (const w of [...window.jupyterapp.shell.widgets('down')]) w.close(); }"
-        for js in ("() => window.jupyterapp.commands.execute('application:toggle-left-area')",
-                   "() => window.jupyterapp.commands.execute('logconsole:open')",          # the Log Console, below
-                   "() => window.jupyterapp.commands.execute('application:toggle-left-area')", close_down,
-                   "() => window.jupyterapp.commands.execute('logconsole:open')", close_down):
-            page.evaluate(js)
-            page.wait_for_timeout(1500)
-        assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
+        _resize_keeps_heights(page)                                              # (5)
         _shot(page, "item5_animation_after_resize", "AnimationOutput(anim3)")
 
         # the collapse player: Play moves the layer slider on, Pause stops it (no uncaught error)
@@ -349,17 +399,11 @@ def test_widgets_chapter_live_in_jupyterlab(browser):
         title = page.evaluate(f"() => {pl}._fullLayout.title.text")
         assert "seed 0" in title and "block" in title, title
 
-        # (4) Run All twice more: no edit appears that the cells did not make
+        # (4) Run All twice more: one animation per player, no stray figure
         for _ in range(2):
             _run_all(page)
-            _check_after_run_all(page)
-        _shot(page, "item4_status_after_second_runall", ED)
-
-        # (3) no kernel traceback or warning anywhere (Log Console, pink boxes), no console error, nothing left the machine
-        assert not _kernel_errors(page), f"the kernel reported: {_kernel_errors(page)}"
-        assert not errors, f"page errors: {errors}"
-        assert not console, f"console errors: {console}"
-        assert not outside, f"requests that would have left the machine: {outside}"
+            _check_after_run_all(page, player=True)
+        _nothing_went_wrong(page, errors, console, outside)                      # (3)
         page.context.close()
 
 
@@ -367,7 +411,7 @@ def test_static_editor_drags_offline(browser, tmp_path):
     "The offline editor (what the site shows): drag a knot in a page with only plotly.min.js; the curve follows."
     import plotly
     from spline_transformers.splines import LinearSpline
-    from spline_transformers.widgets import SplineEditor
+    from spline_transformers.editor import SplineEditor
     ed = SplineEditor(LinearSpline(16, -4.0, 4.0, init="gelu"))
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", tmp_path / "plotly.min.js")
     (tmp_path / "index.html").write_text('<!doctype html><html><head><meta charset="utf-8"><script src="plotly.min.js"></script>'
@@ -393,20 +437,22 @@ def test_static_editor_drags_offline(browser, tmp_path):
         page.context.close()
 
 
-def test_chapter_outputs_work_offline(browser, tmp_path):
-    "The chapter as the site shows it: execute it (no frontend), put every text/html output in one page with a local"
-    " plotly.js; every figure draws, no page errors, nothing leaves the machine, Play advances the collapse animation."
+@pytest.mark.parametrize("chapter, shows", [(EDITOR_CHAPTER, "spline-editor-static"), (WIDGETS_CHAPTER, "Plotly.addFrames")],
+                         ids=["editor", "widgets"])
+def test_chapter_outputs_work_offline(browser, tmp_path, chapter, shows):
+    "A chapter as the site shows it: execute it (no frontend), put every text/html output in one page with a local"
+    " plotly.js; every figure draws, no page errors, nothing leaves the machine; Play advances the collapse animation."
     import plotly
     import nbdev.test as nbt
-    nb = tmp_path / CHAPTER.name
-    shutil.copy2(CHAPTER, nb)
+    nb = tmp_path / chapter.name
+    shutil.copy2(chapter, nb)
     ok, _ = nbt.test_nb(nb, skip_flags=["slow", "gpu"], basepath=str(ROOT), save=True)
     assert ok, "the chapter failed to execute"
     cells = json.loads(nb.read_text())["cells"]
     html = [o["data"]["text/html"] for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])
             if "text/html" in o.get("data", {})]
     html = ["".join(h) if isinstance(h, list) else h for h in html]
-    assert any("spline-editor-static" in h for h in html) and any("Plotly.addFrames" in h for h in html)
+    assert any(shows in h for h in html), f"{chapter.name} shows no {shows}"
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", tmp_path / "plotly.min.js")
     (tmp_path / "index.html").write_text('<!doctype html><html><head><meta charset="utf-8"><script src="plotly.min.js"></script>'
                                           "</head><body>" + "\n".join(f"<div class='out'>{h}</div>" for h in html) + "</body></html>")
@@ -415,10 +461,11 @@ def test_chapter_outputs_work_offline(browser, tmp_path):
         page, outside, errors = _open(browser, f"{base}/index.html")
         page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_plots}", timeout=60_000)
         anim = "[...document.querySelectorAll('.js-plotly-plot')].find(g => g._transitionData && g._transitionData._frames.length > 1)"
-        assert page.evaluate(f"() => {anim}._fullLayout.sliders[0].active") == 0
-        page.evaluate(f"() => {{ const b = {anim}.querySelector('.updatemenu-button'); b.scrollIntoView();"
-                      " b.dispatchEvent(new MouseEvent('click', {bubbles: true})); }")
-        page.wait_for_function(f"() => {anim}._fullLayout.sliders[0].active >= 2", timeout=30_000)
+        if shows == "Plotly.addFrames":                  # the widgets chapter: Play moves the collapse animation on
+            assert page.evaluate(f"() => {anim}._fullLayout.sliders[0].active") == 0
+            page.evaluate(f"() => {{ const b = {anim}.querySelector('.updatemenu-button'); b.scrollIntoView();"
+                          " b.dispatchEvent(new MouseEvent('click', {bubbles: true})); }")
+            page.wait_for_function(f"() => {anim}._fullLayout.sliders[0].active >= 2", timeout=30_000)
         assert not errors, errors
         assert not outside, outside
         page.context.close()

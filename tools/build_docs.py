@@ -13,7 +13,7 @@ Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto
    (type, default, docment), any other class as `class Name(Bases):` with its `def __init__(self, ...)`.
 3. Copy a local `plotly.min.js` (from the plotly wheel) and KaTeX (from the npm registry, cached in
    `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, and put the models the pages run
-   (`spline_transformers/live/`, chapter 30's `site_files`) beside the pages.
+   (`spline_transformers/live/`, the editor chapter's `site_files`) beside the pages.
 """
 import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile
 from pathlib import Path
@@ -250,7 +250,7 @@ def render():
         shutil.rmtree(DOCS, ignore_errors=True); shutil.move(str(built), str(DOCS))
     shutil.copytree(katex, DOCS / "katex", dirs_exist_ok=True)
     if not (DOCS / "plotly.min.js").exists(): shutil.copy2(plotly_js(), DOCS / "plotly.min.js")
-    from spline_transformers.widgets import site_files   # the models the pages run (chapter 30), fetched from beside them
+    from spline_transformers.editor import site_files    # the models the pages run (the editor chapter), fetched from beside them
     for rel, f in site_files().items(): (DOCS / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, DOCS / rel)
     for w in getattr(site, "warnings", []): print(f"smalldocs warning: {w}", file=sys.stderr)
     return DOCS

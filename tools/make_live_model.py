@@ -4,7 +4,7 @@ into the package as `spline_transformers/live/add.safetensors` (weights, learned
     PYTHONPATH=. python tools/make_live_model.py      # about a minute or two on a CPU
 
 The setting is the `cpu` size of the `add` experiment: 2-digit addition, 2 layers, width 64, the MLP spline Phase I
-learned (the zoo's `add`, frozen), 800 steps of AdamW. What the file holds is read by `load_live_model` (chapter 30)."""
+learned (the zoo's `add`, frozen), 800 steps of AdamW. What the file holds is read by `load_live_model` (the editor chapter, 10a)."""
 import sys, time
 import torch
 
@@ -12,7 +12,7 @@ from spline_transformers.experiments import EXPERIMENTS
 from spline_transformers.runner import load_data
 from spline_transformers.results import load_learned
 from spline_transformers.two_phase import phase2
-from spline_transformers.widgets import save_live_model, live_dir
+from spline_transformers.editor import save_live_model, live_dir
 
 if __name__ == "__main__":
     s = EXPERIMENTS["add"].setting("cpu")
