@@ -36,7 +36,8 @@ from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
 from .experiments import EXPERIMENTS, SIZES
-from .runner import reproduce, run_transfer, check_run
+from .runner import reproduce, run_transfer, check_run, KINDS, result_headline
+from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
 from .results import experiments_table
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,
                                            as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
@@ -727,7 +728,7 @@ def cmd_reproduce(a)->int:
             print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {r.claim}")
         return 0
     if not a.names: raise UsageError("name the experiments to run (or 'all'); `spline-transformers reproduce --list` shows them")
-    names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS), "experiment") for n in a.names]
+    names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS) + tuple(KINDS), "experiment") for n in a.names]
     check_device(a.device)
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None   # `timeout` and `kill` end the run like Ctrl-C: cells ended, one line
@@ -737,6 +738,7 @@ def cmd_reproduce(a)->int:
     finally:
         if main_thread: signal.signal(signal.SIGTERM, before)
     for n, s in res.items():
+        if "verdicts" not in s: print(f"{n}: {result_headline(s)}"); continue   # a `Kind` (chapter 21's sweeps): no verdict
         v = s["verdicts"][0]
         print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}]; paper: {s['paper']})")
     return 0

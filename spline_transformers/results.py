@@ -25,6 +25,7 @@ import torch
 from .core import atomic_write, check_option
 from .model import Nonlinearities
 from .experiments import EXPERIMENTS, cells, read_json, read_table
+from .runner import KINDS, kind_named, work_cells
 from . import registry  # the book's experiments, registered on import
 
 # %% ../nbs/09d_results.ipynb #caef28fc
@@ -54,14 +55,20 @@ def results_dir()->Path:
     holds_results = lambda p: any((p / "results").glob("*/summary.json"))
     return next((p / "results" for p in (Path.cwd(), *Path.cwd().parents) if holds_results(p)), Path("results"))
 
+def _registered(s:dict):
+    "The registered experiment, or runner `Kind` (importing the module its summary names), that wrote the result summarised by `s`; None if neither."
+    name = s.get("experiment")
+    return EXPERIMENTS[name] if name in EXPERIMENTS else kind_named(name, s.get("module")) if isinstance(name, str) else None
+
 class StaleResult(UserWarning):
     "A result whose configuration is no longer the registry's: its numbers answer another question."
 
 def _staleness(s:dict, root:Union[str,Path])->Optional[str]:
     "Why the result summarised by `s` is stale (None if it is current)."
     name, size = s.get("experiment"), s.get("size")
-    if name not in EXPERIMENTS: return f"{name!r} is no longer a registered experiment; its result under {root} is stale"
-    want = EXPERIMENTS[name].config_hash(size)
+    work = _registered(s)
+    if work is None: return f"{name!r} is no longer a registered experiment; its result under {root} is stale"
+    want = work.config_hash(size)
     if s.get("config_hash") == want: return None
     return (f"{name} ({size}): the result ran with config {s.get('config_hash')}, the registry's is {want} (stale); regenerate it with "
             f"`spline-transformers reproduce {name} --size {size} --jobs 2 --out {root} --overwrite`")
@@ -73,7 +80,7 @@ def stale_results(
     out = []
     for f in sorted(Path(root).glob("*/summary.json")):
         s = read_json(f, "summary")
-        if s.get("experiment") not in EXPERIMENTS: out.append(f"{f.parent}: no experiment named {s.get('experiment')!r} is registered; delete the folder")
+        if _registered(s) is None: out.append(f"{f.parent}: no experiment named {s.get('experiment')!r} is registered; delete the folder")
         elif _staleness(s, root): out.append(_staleness(s, root))
     return out
 
@@ -81,12 +88,12 @@ def experiments_table(
     size:str="cpu", # the size whose cells are counted
     root:Optional[Union[str,Path]]="results", # where committed results are read from (their measured cell time)
 )->pd.DataFrame:
-    "One row per experiment: name, claim, cells at `size`, and the measured cell time of its committed result."
+    "One row per experiment (and runner `Kind`): name, claim, cells at `size`, and the measured cell time of its committed result."
     rows = []
-    for n, e in EXPERIMENTS.items():
+    for n, e in {**EXPERIMENTS, **KINDS}.items():
         p = Path(root) / n / "provenance.json" if root is not None else None
         prov = read_json(p, "provenance") if p is not None and p.is_file() else {}
-        rows.append({"name": n, "task": e.task, "claim": e.claim, "cells": len(cells(e, size)),
+        rows.append({"name": n, "task": e.task, "claim": e.claim, "cells": len(work_cells(e, size)),
                      "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
     return pd.DataFrame(rows)
 

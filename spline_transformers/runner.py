@@ -6,15 +6,18 @@ Docs: https://spline-transformers.github.io/spline_transformers/runner.html.md""
 
 # %% ../nbs/09c_runner.ipynb #0de7ca19
 from __future__ import annotations
-import json, math, os, re, shutil, time
+import importlib, json, math, os, re, shutil, time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'reproduce', 'result_state', 'check_run', 'check_cells', 'run_scheduled',
-           'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main', 'cell_problem', 'provenance',
-           'attention_tail', 'summarise', 'summarise_transfer', 'run_transfer']
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'reproduce', 'result_state', 'check_run', 'check_cells',
+           'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main',
+           'cell_problem', 'provenance', 'attention_tail', 'summarise', 'summarise_transfer', 'Kind', 'register_kind',
+           'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind',
+           'result_headline', 'run_transfer']
 
 # %% ../nbs/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -51,16 +54,16 @@ def reproduce(
     batch_seeds:bool=True, # train the ready cells of an arm that differ only in their seed as one batched ensemble (`run_cells`)
 )->dict:
     "Run experiments at `size`, `jobs` cells at a time; writes each experiment's results as soon as its cells are done; returns name -> summary."
-    names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
-    for n in names: get_experiment(n)
+    names = list(EXPERIMENTS) + list(KINDS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
+    for n in names: get_work(n)
     check_option(size, SIZES, "size")
     if size == "gpu" and device == "cpu": raise ValueError("the gpu size is the paper's; run it with device='cuda' (--device cuda) on a GPU machine")
     check_run(jobs, device)
-    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_experiment(n).draws_on)) + names   # sources first
+    names = list(dict.fromkeys(d.split("/")[0] for n in names for d in get_work(n).draws_on)) + names   # sources first
     names = list(dict.fromkeys(names))
     out = Path(out); root = out / ".cells"
     say = log or (lambda s: None)
-    states = {n: result_state(out / n, EXPERIMENTS[n], size) for n in names}
+    states = {n: result_state(out / n, get_work(n), size) for n in names}
     refused = [why for n, (st, why) in states.items() if st == "other"]
     if refused and not overwrite:
         raise ValueError(f"{refused[0]}{f' (and {len(refused) - 1} more)' if len(refused) > 1 else ''}; this run would replace it: "
@@ -76,10 +79,9 @@ def reproduce(
         say(f"{', '.join(run_names) or 'nothing'} ({size}): {len(todo)} cells, {len(todo) - len(left)} already done, {len(left)} to run with {jobs} process(es)")
         def finish_ready():
             for n in run_names:
-                if n not in results and all(_is_done(root, c.key) for c in cells(EXPERIMENTS[n], size)):
-                    results[n] = summarise(EXPERIMENTS[n], size, out, jobs, command)
-                    v = results[n]["verdicts"][0]
-                    say(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, 95% interval [{v['low']:.3g}, {v['high']:.3g}]) -> {out / n}")
+                if n not in results and all(_is_done(root, c.key) for c in work_cells(get_work(n), size)):
+                    results[n] = summarise(get_work(n), size, out, jobs, command)
+                    say(f"{n}: {result_headline(results[n])} -> {out / n}")
         finish_ready()
         run_scheduled(left, root, jobs, device, batch_seeds, say, finish_ready)
     return {n: results[n] for n in names if n in results}
@@ -88,7 +90,7 @@ def reproduce(
 def _pending(names:Sequence[str], size:str)->dict:
     "key -> cell for every cell of `names` and every cell they depend on (shared ones once), in the registry's order."
     every = {c.key: c for n in EXPERIMENTS for c in cells(EXPERIMENTS[n], size)}
-    todo, stack = {}, [c for n in names for c in cells(EXPERIMENTS[n], size)]
+    todo, stack = {}, [c for n in names for c in work_cells(get_work(n), size)]
     while stack:
         c = stack.pop(0)
         if c.key in todo: continue
@@ -100,7 +102,7 @@ def _fmt_time(s:float)->str:
 
 def result_state(
     folder:Union[str,Path], # `<out>/<name>`
-    exp:Experiment, # the experiment it should hold
+    exp:Experiment, # the experiment (or `Kind`) it should hold
     size:str, # the size about to run
 )->tuple:
     "('absent' | 'current' | 'other', why): what `folder` holds against `exp` at `size`; 'other' is anything `reproduce` must not replace unasked."
@@ -289,7 +291,7 @@ def run_cells(
         for c in cells:   # one process trains a cell; the runner checks these locks before it starts one
             (root / c.key).mkdir(parents=True, exist_ok=True)
             held.enter_context(FolderLock(root / c.key, f"experiment cell {c.label}"))
-        return _run_cells(cells, root, device)
+        return run_kind_cells(cells, root) if is_kind_cell(cells[0]) else _run_cells(cells, root, device)
 
 def _one_model(ens:Ensemble, i:int)->Ensemble:
     "Model `i` of `ens` as an ensemble of one (`ens` itself when it holds one model)."
@@ -343,7 +345,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
     return done
 
 # %% ../nbs/09c_runner.ipynb #32a51ff2
-CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json")  # what a done cell holds (checksummed in done.json)
+CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json", "output.json")  # what a done cell holds (checksummed in done.json)
 
 def cell_main(
     cells:list, # the job's cells as JSON: key, spec, deps and label each
@@ -374,6 +376,7 @@ def cell_problem(
         for f, digest in (done.get("sha256") or {}).items():   # cells written before checksums existed have none: the content checks below still apply
             if f not in CELL_FILES or not (folder / f).is_file(): return f"{folder / f}: missing"
             if sha256_hex((folder / f).read_bytes()) != digest: return f"{folder / f}: does not match the checksum written with it (edited or damaged)"
+        if is_kind_cell(cell): read_json(folder / "output.json", "cell output"); return None   # a kind's cell: its output, checksummed above
         m = read_table(folder / "metrics.csv")
         if not {"step", "split", "metric", "value"} <= set(m.columns): return f"{folder / 'metrics.csv'}: not a metrics table (columns {list(m.columns)})"
         value = pd.to_numeric(m["value"], errors="coerce")
@@ -443,6 +446,7 @@ def summarise(
     command:Optional[str]=None, # the command line (for the provenance)
 )->dict:
     "Write `<out>/<name>/` (summary.json, metrics.csv, phase1_metrics.csv, by_size.csv, splines/, provenance.json) from the done cells."
+    if isinstance(exp, Kind): return summarise_kind(exp, size, out, jobs, command)
     if exp.targets: return summarise_transfer(exp, size, out, jobs, command)
     out = Path(out); root, folder = out / ".cells", out / exp.name
     cs = cells(exp, size)
@@ -525,6 +529,114 @@ def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
     return summary
+
+# %% ../nbs/09c_runner.ipynb #fbc9229c
+@dataclass(frozen=True, eq=False)
+class Kind:
+    "Measured work of another shape than a two-phase experiment (chapter 21's sweeps), run by `reproduce` like one: a setting per size, its cells, how a cell runs, how the done cells become the result."
+    name:str # the name `reproduce` takes and the result folder's, e.g. "tikhonov"
+    title:str # a short title for tables
+    claim:str # what it measures, in one sentence
+    task:str # what it trains on, for `reproduce --list`
+    chapter:str # the chapter that reads its result
+    module:str # the module that registers it: a cell's process and a reader import it by this name
+    sizes:dict # size -> setting (a JSON-able dict), for every size of SIZES
+    cells:Callable # setting -> [(label, spec)]: the units of work, each spec a JSON-able dict (it refuses a bad setting)
+    run:Callable # spec -> the JSON-able output of one cell (called in the cell's one-thread process)
+    summarise:Callable # (setting, outputs in the order of `cells`) -> the result's data (a JSON-able dict, kept in summary.json)
+    headline:Optional[Callable]=None # summary -> one line for the log (default: its title)
+    draws_on = ()  # a kind uses no other experiment's cells
+
+    def setting(self, size:str)->dict:
+        "The setting of `size`."
+        check_option(size, SIZES, "size"); return self.sizes[size]
+
+    def config_hash(self, size:str)->str:
+        "`core.content_hash` of the setting of `size`: the hash its result records."
+        return content_hash(self.setting(size))
+
+KINDS:dict = {}  # name -> Kind, filled by the chapters that define them when their modules are imported
+
+def register_kind(kind:Kind)->Kind:
+    "Add `kind` to the runner; its setting of every size is checked (its cells listed) first. The same kind again (its chapter run after its module was imported) takes the new functions."
+    if kind.name in EXPERIMENTS: raise ValueError(f"{kind.name!r} is a registered experiment; give the kind another name")
+    missing = set(SIZES) - set(kind.sizes)
+    if missing: raise ValueError(f"{kind.name}: every kind needs the sizes {SIZES}; missing {sorted(missing)}")
+    old = KINDS.get(kind.name)
+    if old is not None and (old.module, [old.config_hash(s) for s in SIZES]) != (kind.module, [kind.config_hash(s) for s in SIZES]):
+        raise ValueError(f"a kind named {kind.name!r} is already registered, with another setting")
+    for s in SIZES: kind_cells(kind, s)
+    KINDS[kind.name] = kind
+    return kind
+
+def kind_named(name:str, module:Optional[str]=None)->Optional[Kind]:
+    "The registered kind `name`; if it is not registered yet, import `module` (the package module its cells and results name) first. None if there is none."
+    if name not in KINDS and module and module.startswith("spline_transformers."): importlib.import_module(module)
+    return KINDS.get(name)
+
+def get_work(name:str):
+    "The registered experiment or kind `name`."
+    if name in KINDS: return KINDS[name]
+    return EXPERIMENTS[check_option(name, tuple(EXPERIMENTS) + tuple(KINDS), "experiment")]
+
+def kind_cells(kind:Kind, size:str)->list:
+    "The `Cell`s of `kind` at `size`: each spec with the kind's name and module added, named by its hash."
+    out = []
+    for label, spec in kind.cells(kind.setting(size)):
+        if {"kind", "module"} & set(spec): raise ValueError(f"{kind.name}: a cell's spec may not hold 'kind' or 'module' (the runner adds them)")
+        spec = {"kind": kind.name, "module": kind.module, **spec}
+        out.append(Cell(content_hash(spec), spec, (), f"{kind.name}/{label}"))
+    return out
+
+def work_cells(work, size:str)->list:
+    "The cells of an experiment or a kind at `size`."
+    return kind_cells(work, size) if isinstance(work, Kind) else cells(work, size)
+
+def is_kind_cell(cell:Cell)->bool:
+    "Whether `cell` belongs to a `Kind` (its spec names the module that registers it)."
+    return "module" in cell.spec
+
+# %% ../nbs/09c_runner.ipynb #5ea0548f
+def run_kind_cells(
+    cells:Sequence[Cell], # cells of a kind (`kind_cells`)
+    root:Union[str,Path], # the `.cells` folder
+)->list:
+    "Run kind cells one after another in this process: each writes `output.json` (the kind's `run`) and `done.json` with its checksum."
+    done, root = [], Path(root)
+    for c in cells:
+        folder = root / c.key; remove_stale_temps(folder)
+        kind = kind_named(c.spec["kind"], c.spec["module"])
+        if kind is None: raise ValueError(f"cell {c.label}: no kind {c.spec['kind']!r} is registered by {c.spec['module']}")
+        t0 = time.perf_counter()
+        out = kind.run({k: v for k, v in c.spec.items() if k not in ("kind", "module")})
+        atomic_write(folder / "output.json", json.dumps(out))
+        d = {"key": c.key, "label": c.label, "wall_s": time.perf_counter() - t0, "resumed": False, "threads": torch.get_num_threads(),
+             "device": "cpu", "sha256": {"output.json": sha256_hex((folder / "output.json").read_bytes())}}
+        atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
+    return done
+
+def summarise_kind(kind:Kind, size:str, out:Union[str,Path], jobs:int=1, command:Optional[str]=None)->dict:
+    "Write a kind's folder `<out>/<name>/`: summary.json (name, size, config hash, module and the kind's result data) and provenance.json."
+    out = Path(out); root, folder = out / ".cells", out / kind.name
+    cs = kind_cells(kind, size)
+    missing = [c.label for c in cs if not _is_done(root, c.key)]
+    if missing: raise ValueError(f"{kind.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {kind.name} --size {size} --resume`")
+    data = kind.summarise(kind.setting(size), [read_json(root / c.key / "output.json", "cell output") for c in cs])
+    summary = {"experiment": kind.name, "kind": kind.name, "module": kind.module, "title": kind.title, "claim": kind.claim, "task": kind.task,
+               "size": size, "config_hash": kind.config_hash(size), "chapter": kind.chapter, **data}
+    info = [read_json(root / c.key / "done.json", "done.json") for c in cs]
+    with staged_folder(folder) as tmp:
+        atomic_write(tmp / "provenance.json", json.dumps(_finite(provenance(kind, size, info, jobs, command)), indent=2))
+        atomic_write(tmp / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return summary
+
+def result_headline(summary:dict)->str:
+    "One line for a result: its headline verdict with the interval, or what its kind says of it."
+    if "verdicts" in summary:
+        v = summary["verdicts"][0]
+        return f"{v['verdict']} ({v['statistic']} {v['estimate']:.3g}, 95% interval [{v['low']:.3g}, {v['high']:.3g}])"
+    k = kind_named(summary.get("kind", ""), summary.get("module"))
+    return k.headline(summary) if k is not None and k.headline is not None else summary.get("title", "")
 
 # %% ../nbs/09c_runner.ipynb #81234d50
 def run_transfer(

@@ -691,9 +691,9 @@ def _theory_figures():
     return {"hardmax_geometry": theory.hardmax_geometry_figure(), "lemma": theory.lemma_figure(),
             "hardmax_vs_softmax": theory.hardmax_vs_softmax_figure(), "tikhonov": theory.tikhonov_figure(hist, 2.0),
             "snapshots": theory.stage_snapshots_figure(build_interpolator(X, Y), X, Y),
-            "tikhonov_sweep": theory.tikhonov_sweep_figure(theory.load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")),
+            "tikhonov_sweep": theory.tikhonov_sweep_figure(theory.load_tikhonov(ROOT / "results")),
             "training_vs_construction": theory.training_vs_construction_figure(
-                theory.load_interp_training(ROOT / "results" / "interp_training" / "sweep.json"))}
+                theory.load_interp_training(ROOT / "results"))}
 
 
 LAYOUT_JS = """gd => {
@@ -742,28 +742,35 @@ def test_theory_figures_lay_out_cleanly(tmp_path, width):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the Tikhonov sweep (chapter 21): the committed file is current and the chapter states its slope
+# the Part III sweeps (chapter 21): runner kinds (`reproduce tikhonov`, `reproduce interp_training`); the committed results are
+# current (config hash `core.content_hash` of the setting, the runner's provenance) and the chapter states their numbers
 
-def test_tikhonov_sweep_file_is_current():
-    "results/tikhonov/sweep.json was made with today's setting (config hash), holds every run with equal budgets and provenance."
-    from spline_transformers.interpolation_theory import TIKHONOV_SETTING, load_tikhonov, tikhonov_config_hash
-    res = load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")
-    assert res["provenance"]["config_hash"] == tikhonov_config_hash() == tikhonov_config_hash(res["setting"])
-    assert res["setting"] == TIKHONOV_SETTING
+PROVENANCE_KEYS = {"package_version", "git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "threads_per_cell", "jobs",
+                   "cell_wall_s", "total_cell_wall_s", "date", "command"}
+
+
+def test_tikhonov_result_is_current():
+    "results/tikhonov was written by `reproduce tikhonov` with today's setting (config hash), holds every run with equal budgets and provenance."
+    from spline_transformers.core import content_hash
+    from spline_transformers.interpolation_theory import TIKHONOV, TIKHONOV_SETTING, load_tikhonov
+    res = load_tikhonov(ROOT / "results")
+    assert res["config_hash"] == res["provenance"]["config_hash"] == content_hash(TIKHONOV_SETTING) == TIKHONOV.config_hash("cpu")
+    assert res["setting"] == TIKHONOV_SETTING and res["size"] == "cpu" and res["experiment"] == "tikhonov"
     s = res["setting"]
     keys = {(r["eps"], r["seed"], r["start"]) for r in res["runs"]}
     assert keys == {(e, sd, st) for e in s["eps"] for sd in s["seeds"] for st in s["starts"]}
     assert {r["epochs"] for r in res["runs"]} == {s["epochs"]}
+    assert {(r["start"], r["epochs"]) for r in res["budget_check"]} == {(st, s["epochs"] * f) for st in s["starts"] for f in s["check_factors"]}
     assert all(r["min_loss"] > 0 and r["bound"] == pytest.approx(r["eps"] * res["norm2_star"]) for r in res["runs"])
-    for k in ("git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "threads", "wall_s", "date", "command"):
-        assert k in res["provenance"], k
-    assert (ROOT / "results" / "tikhonov" / "sweep.json").stat().st_size < 200_000
+    assert PROVENANCE_KEYS <= set(res["provenance"]), PROVENANCE_KEYS - set(res["provenance"])
+    assert res["provenance"]["command"].startswith("spline-transformers reproduce")
+    assert (ROOT / "results" / "tikhonov" / "summary.json").stat().st_size < 200_000
 
 
 def test_tikhonov_slope_is_what_the_chapter_says():
-    "The slope and bootstrap interval the chapter's text gives are those computed from the committed file."
+    "The slope and bootstrap interval the chapter's text gives are those computed from the committed result."
     from spline_transformers.interpolation_theory import load_tikhonov, tikhonov_slope
-    res = load_tikhonov(ROOT / "results" / "tikhonov" / "sweep.json")
+    res = load_tikhonov(ROOT / "results")
     text = "".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "21_interpolation_theory.ipynb").read_text())["cells"]
                    if c["cell_type"] == "markdown")
     for start in res["setting"]["starts"]:
@@ -774,7 +781,7 @@ def test_tikhonov_slope_is_what_the_chapter_says():
 
 def test_tikhonov_slope_recovers_a_known_power_and_refuses_bad_input():
     "On a synthetic sweep with loss = c_seed eps^1.5 the fitted slope is 1.5 with a tight interval; bad input is refused."
-    from spline_transformers.interpolation_theory import TIKHONOV_SETTING, tikhonov_run, tikhonov_slope, tikhonov_sweep
+    from spline_transformers.interpolation_theory import TIKHONOV_SETTING, tikhonov_cells, tikhonov_run, tikhonov_slope
     s = TIKHONOV_SETTING
     res = {"setting": s, "runs": [dict(eps=e, seed=sd, start="warm", min_loss=(1 + sd) * e ** 1.5) for e in s["eps"] for sd in s["seeds"]]}
     f = tikhonov_slope(res, "warm", n_boot=200)
@@ -783,24 +790,21 @@ def test_tikhonov_slope_recovers_a_known_power_and_refuses_bad_input():
     with pytest.raises(ValueError, match="2 seeds"): tikhonov_slope(res, "cold")
     X, y = torch.zeros(2, 3, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="eps > 0"): tikhonov_run(X, y, 0.0, 100, 1e-2, 0)
-    with pytest.raises(ValueError, match="largest first"): tikhonov_sweep(dict(s, eps=[1e-3, 1e-1]))
+    with pytest.raises(ValueError, match="largest first"): tikhonov_cells(dict(s, eps=[1e-3, 1e-1]))
+    with pytest.raises(ValueError, match="cold"): tikhonov_cells(dict(s, starts=["hot"]))
     r = tikhonov_run(X[:, :, :4] + 1, y + 1, 1e-2, 20, 1e-2, 0)
     assert len(r["loss"]) == 20 and r["final_J"] == pytest.approx(r["final_loss"] + 1e-2 * r["norm2"])
+    labels = [label for label, _ in tikhonov_cells(s)]   # a chain per (start, seed), one per (start, budget factor), the longest first
+    assert len(labels) == len(set(labels)) == len(s["starts"]) * (len(s["seeds"]) + len(s["check_factors"])) and labels[0].endswith("check4x")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# training versus construction (chapter 21): the committed sweep is current and complete, bad input is refused at once
-
-INTERP_TRAIN_FILE = ROOT / "results" / "interp_training" / "sweep.json"
-
-
-def test_interp_training_file_is_current_and_complete():
-    "results/interp_training/sweep.json was made with today's setting (config hash) and holds every run, the constructions and provenance."
-    from spline_transformers.interpolation_theory import (INTERP_TRAIN_SETTING, interp_training_config_hash, interp_training_medians,
-                                                          load_interp_training)
-    res = load_interp_training(INTERP_TRAIN_FILE)
-    assert res["provenance"]["config_hash"] == interp_training_config_hash() == interp_training_config_hash(res["setting"])
-    assert res["setting"] == INTERP_TRAIN_SETTING
+def test_interp_training_result_is_current_and_complete():
+    "results/interp_training was written by `reproduce interp_training` with today's setting and holds every run, the constructions and provenance."
+    from spline_transformers.core import content_hash
+    from spline_transformers.interpolation_theory import INTERP_TRAIN_SETTING, INTERP_TRAINING, interp_training_medians, load_interp_training
+    res = load_interp_training(ROOT / "results")
+    assert res["config_hash"] == res["provenance"]["config_hash"] == content_hash(INTERP_TRAIN_SETTING) == INTERP_TRAINING.config_hash("cpu")
+    assert res["setting"] == INTERP_TRAIN_SETTING and res["size"] == "cpu"
     s = res["setting"]
     keys = [(r["dataset"], r["kind"], r["width"], r["seed"], r["lr"]) for r in res["runs"]]
     want = {(d, k, w, sd, lr) for d in s["datasets"] for k, ws in (("transformer", s["transformer_widths"]), ("resnet", s["resnet_widths"]))
@@ -814,9 +818,8 @@ def test_interp_training_file_is_current_and_complete():
         built = {r["n_params"] for r in res["runs"] if r["dataset"] == name and r["constructed_size"]}
         assert built == {c["softmax"]["n_params"]}, (built, c)             # the constructed-size runs have the construction's size
     assert len(interp_training_medians(res)) == len(s["datasets"]) * (len(s["transformer_widths"]) + len(s["resnet_widths"]))
-    for k in ("git_commit", "git_dirty", "config_hash", "torch_version", "cpu", "processes", "wall_s", "date", "command"):
-        assert k in res["provenance"], k
-    assert INTERP_TRAIN_FILE.stat().st_size < 200_000
+    assert PROVENANCE_KEYS <= set(res["provenance"]), PROVENANCE_KEYS - set(res["provenance"])
+    assert (ROOT / "results" / "interp_training" / "summary.json").stat().st_size < 200_000
 
 
 @pytest.mark.parametrize("change, match", [
@@ -824,15 +827,63 @@ def test_interp_training_file_is_current_and_complete():
     (dict(seeds=[]), "seeds must be"), (dict(steps=5), "steps >= 10"), (dict(lrs=[1e-2, -1.0]), "learning rates > 0"),
     (dict(tau=0.0), "tau > 0")])
 def test_interp_training_refuses_bad_input_before_work(change, match, monkeypatch):
-    "A bad setting is refused with a one-line ValueError before any model is built or trained."
+    "A bad setting is refused with a one-line ValueError when its cells are listed, before any model is built or trained."
     th = importlib.import_module("spline_transformers.interpolation_theory")
     monkeypatch.setattr(th, "build_interpolator", lambda *a, **k: pytest.fail("built before checking the arguments"))
     with pytest.raises(ValueError, match="kind"): th.train_interpolating_model([], [], "mlp", 4, 0, 100, 1e-2)
     with pytest.raises(ValueError, match="width >= 1"): th.train_interpolating_model([], [], "resnet", 0, 0, 100, 1e-2)
     monkeypatch.setattr(th, "train_interpolating_model", lambda *a, **k: pytest.fail("trained before checking the setting"))
-    with pytest.raises(ValueError, match=match) as e: th.interp_training_sweep(dict(th.INTERP_TRAIN_SETTING, **change))
+    with pytest.raises(ValueError, match=match) as e: th.interp_training_cells(dict(th.INTERP_TRAIN_SETTING, **change))
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="processes") as e: th.interp_training_sweep(processes=0)
+
+
+def test_register_kind_refuses_what_would_confuse_the_runner():
+    "A kind needs every size, may not take an experiment's name or change a registered kind's setting; the same kind again is taken."
+    from dataclasses import replace
+    from spline_transformers.runner import KINDS, register_kind
+    from spline_transformers.interpolation_theory import TIKHONOV, TIKHONOV_SETTING
+    with pytest.raises(ValueError, match="sizes"): register_kind(replace(TIKHONOV, name="t2", sizes={"cpu": TIKHONOV_SETTING}))
+    with pytest.raises(ValueError, match="experiment"): register_kind(replace(TIKHONOV, name="add"))
+    with pytest.raises(ValueError, match="already registered"): register_kind(replace(TIKHONOV, sizes={**TIKHONOV.sizes, "smoke": TIKHONOV_SETTING}))
+    with pytest.raises(ValueError, match="largest first"): register_kind(replace(TIKHONOV, name="t3", sizes={**TIKHONOV.sizes, "smoke": dict(TIKHONOV_SETTING, eps=[1e-3, 1e-1])}))
+    assert register_kind(replace(TIKHONOV)) is KINDS["tikhonov"] and "t2" not in KINDS and "t3" not in KINDS
+
+
+def test_sweeps_run_through_reproduce_at_smoke_size_and_resume(tmp_path, capsys):
+    "`spline-transformers reproduce tikhonov interp_training --size smoke` runs both sweeps' cells in one-thread processes and writes each result with its provenance; --list shows them; a killed run resumes its unfinished cell only; a changed setting makes the result stale."
+    from spline_transformers.cli import main
+    from spline_transformers.runner import reproduce
+    from spline_transformers.results import stale_results, load_result
+    from spline_transformers.interpolation_theory import TIKHONOV, INTERP_TRAINING, TIKHONOV_SMOKE, load_tikhonov, tikhonov_slope
+    assert main(["reproduce", "--list", "--size", "smoke"]) == 0
+    listed = capsys.readouterr().out
+    assert "\ntikhonov " in listed and "\ninterp_training " in listed
+    out = tmp_path / "out"
+    assert main(["reproduce", "tikhonov", "interp_training", "--size", "smoke", "--jobs", "2", "--out", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "tikhonov: warm starts: slope" in said.out and "interp_training: constructed-size transformers" in said.out
+    for k in (TIKHONOV, INTERP_TRAINING):
+        s = json.loads((out / k.name / "summary.json").read_text()); p = json.loads((out / k.name / "provenance.json").read_text())
+        assert s["config_hash"] == p["config_hash"] == k.config_hash("smoke") and s["size"] == "smoke" and s["module"] == k.module
+        assert p["threads_per_cell"] == [1] and p["jobs"] == 2 and len(p["cell_wall_s"]) == len(k.cells(k.setting("smoke")))
+    res = load_tikhonov(out)
+    assert res["setting"] == TIKHONOV_SMOKE and len(res["runs"]) == 4 and len(res["budget_check"]) == 2 and tikhonov_slope(res, "warm")["n_seeds"] == 2
+    assert stale_results(out) == []
+    # a killed run: the result not yet written and one chain unfinished; without resume it is refused, with it only that chain runs
+    import shutil
+    shutil.rmtree(out / "tikhonov")
+    cell = next(p.parent for p in (out / ".cells").glob("*/done.json") if json.loads(p.read_text())["label"] == "tikhonov/warm/seed1")
+    (cell / "done.json").unlink()
+    with pytest.raises(ValueError, match="unfinished"): reproduce("tikhonov", "smoke", jobs=2, out=out, log=None)
+    lines = []
+    again = reproduce("tikhonov", "smoke", jobs=2, out=out, resume=True, log=lines.append)["tikhonov"]
+    assert "1 to run" in lines[0] and (cell / "done.json").is_file()
+    assert [r["min_loss"] for r in again["runs"]] == [r["min_loss"] for r in res["runs"]]   # the same chains, the same numbers
+    # a result whose setting changed is stale for every reader
+    s = json.loads((out / "interp_training" / "summary.json").read_text()); s["config_hash"] = "0123456789abcdef"
+    (out / "interp_training" / "summary.json").write_text(json.dumps(s))
+    assert any("interp_training (smoke)" in m and "stale" in m for m in stale_results(out))
+    with pytest.warns(UserWarning, match="stale"): load_result("interp_training", out)
 
 
 def test_trainable_interpolator_is_the_constructed_architecture():

@@ -161,7 +161,6 @@ PROCESS_STARTS = {"Popen", "ProcessPoolExecutor", "fork", "forkpty", "multiproce
 PROCESS_STARTERS = {  # module -> (the one function allowed to start processes, None: the whole module; why)
     "core": (None, "the one process runner: `ChildProcess`, `run_in_processes`"),
     "distributed": ("launch", "starts torchrun, which starts the ranks of a distributed job: no measured work of its own"),
-    "interpolation_theory": (None, "temporary"),  # ch21: switching to core's runner
 }
 
 
