@@ -284,11 +284,10 @@ def test_phase1_under_torchrun(tmp_path):
 
 # ---------------------------------------------------------------- the demo, as a user runs it
 @pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "spline_demo"
-    p = subprocess.run(["spline-transformers", "demo", "--quick", "--out", str(out)], capture_output=True, text=True, env=ENV,
-                       timeout=900, cwd=tmp_path_factory.getbasetemp())
-    assert p.returncode == 0, p.stderr[-3000:]
+def quick_demo(demo_run):
+    "`spline-transformers demo --quick --out <folder>` as a subprocess: the session's one run (`conftest.demo_run`)."
+    out, p = demo_run
+    assert p.args[-4:] == ["demo", "--quick", "--out", str(out)] and p.returncode == 0, p.stderr[-3000:]
     return out, p.stdout
 
 
