@@ -1,4 +1,4 @@
-import json, os, shlex, signal, subprocess, sys, time
+import json, os, re, shlex, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,7 @@ def _reads(nb, name)->bool:
     return name in _texts[nb]
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """The docs-site tests run last (they reuse the chapters the notebook tests executed); the tests that read the smoke run
     come just before them, and those that read the quick demo before those, so that these runs (started in the background
@@ -56,6 +57,8 @@ def pytest_collection_modifyitems(config, items):
     for it in items:   # under pytest-xdist (--dist loadgroup): one worker builds the site once; one worker runs the readers
         if it.get_closest_marker("docs"): it.add_marker(pytest.mark.xdist_group("docs"))   # of the smoke folder, one at a time
         elif needs_smoke(it): it.add_marker(pytest.mark.xdist_group("smoke"))
+        if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")):
+            it.add_marker(pytest.mark.slow)   # chapters, the shared runs' readers, the site and the browser: not in the inner loop
 
 
 # ---------------------------------------------------------------- runs shared by the whole session (and every xdist worker)
@@ -220,7 +223,8 @@ def pytest_sessionfinish(session):
 
 def pytest_terminal_summary(terminalreporter, config):
     "After pytest's slowest tests: the chapters executed in this session, slowest first (nbdev's runner's times)."
-    times = build_docs.chapter_times(since=getattr(config, "_t_start", 0))
+    ran = {m[1] for nid in getattr(config, "_times", {}) if (m := re.search(r"::test_notebook\[([^\]]+)\]", nid))}
+    times = {c: t for c, t in build_docs.chapter_times(since=getattr(config, "_t_start", 0)).items() if c in ran}
     if not times: return
     terminalreporter.write_sep("=", f"chapter times (nbdev's runner, slowest first; also in {build_docs.TIMES.relative_to(ROOT)}/)")
     for line in build_docs.times_table(times, n=15): terminalreporter.write_line(line)

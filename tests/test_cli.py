@@ -268,6 +268,7 @@ def test_transfer_matrix(phase1_dir, tmp_path, capsys):
     assert (out / "report.html").is_file() and "speed-up" in stdout
 
 
+@pytest.mark.slow
 def test_phase1_under_torchrun(tmp_path):
     "WORLD_SIZE=2: the CLI's phase1 dispatches to distributed_phase1 (2 ranks, gloo), rank 0 writes the merged result."
     from spline_transformers.distributed import launch

@@ -244,6 +244,7 @@ def test_every_experiment_runs_at_smoke_size(smoke_run):
     assert r.returncode == 0 and "0 to run" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes(tmp_path):
     "Kill `reproduce` after its first cell; without --resume it refuses, with --resume it keeps the done cell and finishes."
     out = tmp_path / "r"

@@ -37,7 +37,9 @@ def staged(tmp_path_factory):
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook(nb, staged, request, monkeypatch):
     if needs_smoke(request.node):   # the chapter shows a smoke run: it reads the session's one run instead of starting its own
-        monkeypatch.setenv(SMOKE_ENV, str(request.getfixturevalue("smoke_run")[0]))
+        out, r = request.getfixturevalue("smoke_run")
+        assert r.returncode == 0, f"the session's smoke run failed: {r.stderr[-2000:]}"
+        monkeypatch.setenv(SMOKE_ENV, str(out))
     if needs_demo(request.node):    # the same for `demo --quick`
         out, p = request.getfixturevalue("demo_run")
         assert p.returncode == 0, p.stderr[-3000:]

@@ -126,7 +126,8 @@ def process():
     nbdev.doclinks._build_modidx()
     nbdev_sidebar.__wrapped__(path=STAGE, force=True)
     shutil.rmtree(PROC, ignore_errors=True)
-    proc_nbs(str(STAGE), n_workers=0, force=True)
+    proc_nbs(str(STAGE), n_workers=2, force=True)   # fresh processes: in this one, ipywidgets' registry may hold every widget the
+    # chapters made (after the notebook tests, ~170 MB), and nbdev writes it into every processed notebook
     render_classes()
     name_pages_like_quarto()
     return PROC
