@@ -1,4 +1,4 @@
-import json, os, re, shlex, signal, subprocess, sys, time
+import contextlib, fcntl, json, os, re, shlex, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,10 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", database=None, deadline=None, max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The many short processes the tests start (experiment cells, CLI runs, torchrun ranks) import the package: let them
+# reuse compiled bytecode (__pycache__/ is ignored by git) instead of compiling it again in every process.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -48,15 +52,12 @@ def _reads(nb, name)->bool:
     return name in _texts[nb]
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """The docs-site tests run last (they reuse the chapters the notebook tests executed); the tests that read the smoke run
     come just before them, and those that read the quick demo before those, so that these runs (started in the background
-    by the first test) are done when they are needed."""
+    by the first test) are done when they are needed. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
     items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it)))
-    for it in items:   # under pytest-xdist (--dist loadgroup): one worker builds the site once; one worker runs the readers
-        if it.get_closest_marker("docs"): it.add_marker(pytest.mark.xdist_group("docs"))   # of the smoke folder, one at a time
-        elif needs_smoke(it): it.add_marker(pytest.mark.xdist_group("smoke"))
+    for it in items:
         if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")):
             it.add_marker(pytest.mark.slow)   # chapters, the shared runs' readers, the site and the browser: not in the inner loop
 
@@ -80,7 +81,9 @@ class Background:
         try: self.folder.mkdir(parents=True)
         except FileExistsError: return False
         line = " ".join(shlex.quote(c) for c in self.cmd)
-        script = f"{line} >{shlex.quote(str(self.folder / 'stdout'))} 2>{shlex.quote(str(self.folder / 'stderr'))}; echo $? >{shlex.quote(str(self.rc_file))}.tmp && mv {shlex.quote(str(self.rc_file))}.tmp {shlex.quote(str(self.rc_file))}"
+        q = lambda name: shlex.quote(str(self.folder / name))
+        script = (f"{line} >{q('stdout')} 2>{q('stderr')}; rc=$?; times >{q('times')}; "   # `times`: the CPU seconds it used
+                  f"echo $rc >{q('returncode.tmp')} && mv {q('returncode.tmp')} {q('returncode')}")
         p = subprocess.Popen(["bash", "-c", script], cwd=self.folder, start_new_session=True, stdin=subprocess.DEVNULL,
                              env={**os.environ, **(self.env or {})})
         self.pid_file.write_text(str(p.pid))
@@ -96,6 +99,13 @@ class Background:
             time.sleep(0.5)
         return subprocess.CompletedProcess(self.cmd, int(self.rc_file.read_text()), (self.folder / "stdout").read_text(),
                                            (self.folder / "stderr").read_text())
+
+    def cpu_s(self)->float:
+        "CPU seconds (user + system) the finished command and its processes used, from bash's `times`."
+        f = self.folder / "times"
+        if not f.is_file(): return float("nan")
+        secs = [float(m) * 60 + float(s) for m, s in re.findall(r"(\d+)m([\d.]+)s", f.read_text())]
+        return sum(secs[2:4]) if len(secs) >= 4 else float("nan")   # the second line: the children's user and system time
 
     def stop(self):
         "Kill the command's process group if this process started it and it still runs (an interrupted session)."
@@ -139,12 +149,26 @@ def pytest_keyboard_interrupt(excinfo):
 
 
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
-    """The session's one `spline-transformers reproduce all --size smoke --jobs 2 --out <folder>`: (results folder,
-    CompletedProcess). Every test and chapter that needs a smoke run reads this one."""
+def _smoke_done(tmp_path_factory):
     b = _smoke(tmp_path_factory)
-    r = b.wait()
-    return b.folder / "results", r
+    return b.folder / "results", b.wait()
+
+
+@contextlib.contextmanager
+def exclusive(path:Path):
+    "Hold an exclusive lock on file `path` (across processes: the xdist workers)."
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try: yield
+        finally: fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def smoke_run(_smoke_done, tmp_path_factory):
+    """The session's one `spline-transformers reproduce all --size smoke --jobs 2 --out <folder>`: (results folder,
+    CompletedProcess). Every test and chapter that needs a smoke run reads this one, one test at a time (a `reproduce`
+    in the folder locks it)."""
+    with exclusive(shared_dir(tmp_path_factory) / "smoke.lock"): yield _smoke_done
 
 
 @pytest.fixture(scope="session")
@@ -175,6 +199,23 @@ def pytest_runtest_setup(item):
     while want - {f.name for f in d.glob("*")} if d.is_dir() else want:
         if item.session.shouldfail or item.session.shouldstop or time.time() - t0 > 3600: break
         time.sleep(1)
+
+
+_build_site = build_docs.build
+
+
+def _build_once(*args, **kwargs):
+    "Under xdist, the docs tests may run on both workers: the first builds the site, the other waits for it and reuses it."
+    if not WORKER: return _build_site(*args, **kwargs)
+    shared = shared_dir(_config._tmp_path_factory)
+    with exclusive(shared / "site.lock"):
+        built = shared / "site_built"
+        if built.is_file(): return Path(built.read_text())
+        site = _build_site(*args, **kwargs)
+        built.write_text(str(site)); return site
+
+
+build_docs.build = _build_once
 
 
 # ---------------------------------------------------------------- times: the slowest tests (--durations) and chapters
@@ -217,12 +258,18 @@ def pytest_sessionfinish(session):
     if WORKER or not times: return
     TEST_TIMES.parent.mkdir(parents=True, exist_ok=True)
     rows = dict(sorted(times.items(), key=lambda kv: -kv[1]["wall_s"]))
+    shared = {name: {"cpu_s": round(b.cpu_s(), 1), "returncode": int(b.rc_file.read_text())}
+              for name, b in (("smoke", _smoke(session.config._tmp_path_factory)), ("demo", _demo(session.config._tmp_path_factory)))
+              if b.rc_file.is_file()}
     TEST_TIMES.write_text(json.dumps({"started": session.config._t_start, "wall_s": round(time.time() - session.config._t_start, 1),
-                                      "tests": rows}, indent=1))
+                                      "shared_runs": shared, "tests": rows}, indent=1))
 
 
 def pytest_terminal_summary(terminalreporter, config):
     "After pytest's slowest tests: the chapters executed in this session, slowest first (nbdev's runner's times)."
+    for name, b in (("smoke run", _smoke(config._tmp_path_factory)), ("quick demo", _demo(config._tmp_path_factory))):
+        if b.rc_file.is_file():   # the session's shared runs: their CPU is not in any test's own
+            terminalreporter.write_line(f"shared {name}: {b.cpu_s():.0f} CPU s (exit {b.rc_file.read_text().strip()}): {' '.join(b.cmd[-8:])}")
     ran = {m[1] for nid in getattr(config, "_times", {}) if (m := re.search(r"::test_notebook\[([^\]]+)\]", nid))}
     times = {c: t for c, t in build_docs.chapter_times(since=getattr(config, "_t_start", 0)).items() if c in ran}
     if not times: return
