@@ -54,6 +54,7 @@ def test_cells_that_differ_in_more_than_the_seed_are_not_batched(tiny, tmp_path)
     with pytest.raises(ValueError, match="named twice"): run_cells([std, std], tmp_path)
 
 
+@pytest.mark.slow
 def test_reproduce_batches_each_arm_and_keeps_per_seed_results(tiny, tmp_path):
     "`reproduce` trains each arm's seeds as one job (per-seed metrics, done.json naming the batch); --no-batch-seeds runs them alone."
     said = []

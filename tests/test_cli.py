@@ -275,6 +275,7 @@ def test_transfer_matrix(phase1_dir, tmp_path, capsys):
     assert "4 of 4 cells already done, 0 to run" in stdout   # a second run trains nothing again
 
 
+@pytest.mark.slow
 def test_phase1_under_torchrun(tmp_path):
     "WORLD_SIZE=2: the CLI's phase1 dispatches to distributed_phase1 (2 ranks, gloo), rank 0 writes the merged result."
     from spline_transformers.distributed import launch
@@ -291,11 +292,10 @@ def test_phase1_under_torchrun(tmp_path):
 
 # ---------------------------------------------------------------- the demo, as a user runs it
 @pytest.fixture(scope="module")
-def quick_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "spline_demo"
-    p = subprocess.run(["spline-transformers", "demo", "--quick", "--out", str(out)], capture_output=True, text=True, env=ENV,
-                       timeout=900, cwd=tmp_path_factory.getbasetemp())
-    assert p.returncode == 0, p.stderr[-3000:]
+def quick_demo(demo_run):
+    "`spline-transformers demo --quick --out <folder>` as a subprocess: the session's one run (`conftest.demo_run`)."
+    out, p = demo_run
+    assert p.args[-4:] == ["demo", "--quick", "--out", str(out)] and p.returncode == 0, p.stderr[-3000:]
     return out, p.stdout
 
 

@@ -47,6 +47,7 @@ def _build_in_fresh_process(source:str)->subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_first_compile_is_announced_and_a_cached_one_is_silent():
     "The first build says it is compiling and how long it took; the next process loads the cached build in silence."
     from torch.utils import cpp_extension

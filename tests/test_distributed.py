@@ -54,6 +54,7 @@ def reference():
     return phase1(get_task("add", n_digits=3, ood_digits=(4, 5)), arch_from_args(a), train_from_args(a), Phase1Config(n_models=3))
 
 
+@pytest.mark.slow
 def test_phase1_two_ranks_match_one_process(tmp_path, reference):
     r, wall = _run(f"{PHASE1} --out {tmp_path / 'out'}")
     assert r.returncode == 0, r.stderr[-4000:]
@@ -66,6 +67,7 @@ def test_phase1_two_ranks_match_one_process(tmp_path, reference):
     assert set(got.metrics.seed) == {100, 101, 102}   # the default Phase I seeds
 
 
+@pytest.mark.slow
 def test_killed_rank_stops_the_job_and_resume_finishes_the_run(tmp_path, reference):
     ck, out = tmp_path / "ck", tmp_path / "out"
     args = f"{PHASE1} --checkpoint-dir {ck} --checkpoint-every 2 --out {out}"
@@ -84,6 +86,7 @@ def test_killed_rank_stops_the_job_and_resume_finishes_the_run(tmp_path, referen
     assert _same_metrics(reference.metrics, got.metrics) < TOL
 
 
+@pytest.mark.slow
 def test_transfer_two_ranks_match_one_process(tmp_path):
     torch.set_num_threads(1)
     a = build_parser().parse_args(_args(TRANSFER) + ["--source", "s=x"])
@@ -105,6 +108,7 @@ def test_transfer_two_ranks_match_one_process(tmp_path):
         assert np.allclose(m.values.astype(float), getattr(ref, k).values.astype(float), atol=TOL, equal_nan=True), (k, m, getattr(ref, k))
 
 
+@pytest.mark.slow
 def test_failed_job_prints_one_line_per_rank(tmp_path):
     "A user error on every rank: each rank prints one error line naming itself, and no traceback of ours."
     r, wall = _run(PHASE1.replace("--n-models 3", "--n-models 1") + f" --out {tmp_path / 'out'}")
@@ -163,6 +167,7 @@ CLI_PHASE1 = (f"phase1 {TASK} --n-models 3 --model-seeds 0,1,2 --steps 6 --eval-
               "--n-layers 1 --n-heads 2 --n-knots 16 --backend gloo --device cpu --timeout 120 --no-progress")
 
 
+@pytest.mark.slow
 def test_cli_phase1_under_torchrun_matches_one_process(tmp_path):
     "The real entry point: `torchrun ... -m spline_transformers.cli phase1` on 2 ranks against the same command in one process."
     from spline_transformers.cli import main as cli_main

@@ -219,11 +219,11 @@ def test_zoo_names_stay_inside_the_zoo_folder(zoo_copy, key):
 
 
 # ---------------------------------------------------------------- reproduce
-def test_every_experiment_runs_at_smoke_size(tmp_path):
-    "`reproduce all --size smoke --jobs 2` through the command line: every experiment writes its summary, tables and provenance."
-    out = tmp_path / "results"
-    r = subprocess.run([sys.executable, "-m", "spline_transformers.cli", "reproduce", "all", "--size", "smoke", "--jobs", "2", "--out", str(out)],
-                       capture_output=True, text=True, timeout=1800)
+@pytest.mark.slow
+def test_every_experiment_runs_at_smoke_size(smoke_run):
+    "`reproduce all --size smoke --jobs 2` through the command line (the session's one smoke run, `conftest.smoke_run`): every experiment writes its summary, tables and provenance."
+    out, r = smoke_run
+    assert r.args[3:] == ["reproduce", "all", "--size", "smoke", "--jobs", "2", "--out", str(out)]
     assert r.returncode == 0, r.stderr[-3000:]
     for n in EXPERIMENTS:
         s = json.loads((out / n / "summary.json").read_text())
@@ -247,6 +247,7 @@ def test_every_experiment_runs_at_smoke_size(tmp_path):
     assert r.returncode == 0 and "0 to run" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes(tmp_path):
     "Kill `reproduce` after its first cell; without --resume it refuses, with --resume it keeps the done cell and finishes."
     out = tmp_path / "r"

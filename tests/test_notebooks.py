@@ -4,11 +4,12 @@ Each notebook runs from a staged copy in `_build/nbs/` and is saved there with i
 (`tools/build_docs.py`) then reuses instead of executing the chapter a second time. Cells tagged `#| slow` or
 `#| gpu` are skipped unless NBDEV_FLAGS names them, e.g. NBDEV_FLAGS="slow gpu".
 """
-import os
+import os, time
+from pathlib import Path
 
 import pytest
 
-from conftest import build_docs
+from conftest import DEMO_ENV, SMOKE_ENV, build_docs, needs_demo, needs_smoke, shared_dir
 
 NOTEBOOKS = build_docs.chapters()
 SKIP_FLAGS = build_docs.SKIP_FLAGS
@@ -20,13 +21,29 @@ def _skip_flags():
     return [f for f in SKIP_FLAGS if f not in run]
 
 
-@pytest.fixture(scope="module")
-def staged():
-    return build_docs.stage(force=True)
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    "`nbs/` staged into `_build/nbs/` once per test run (the first xdist worker to get here stages; the others wait)."
+    done = shared_dir(tmp_path_factory) / "staged"
+    try: (shared_dir(tmp_path_factory) / "staging").mkdir()
+    except FileExistsError:
+        while not done.exists(): time.sleep(0.2)
+        return Path(done.read_text())
+    folder = build_docs.stage(force=True)
+    done.write_text(str(folder))
+    return folder
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook(nb, staged):
+def test_notebook(nb, staged, request, monkeypatch):
+    if needs_smoke(request.node):   # the chapter shows a smoke run: it reads the session's one run instead of starting its own
+        out, r = request.getfixturevalue("smoke_run")
+        assert r.returncode == 0, f"the session's smoke run failed: {r.stderr[-2000:]}"
+        monkeypatch.setenv(SMOKE_ENV, str(out))
+    if needs_demo(request.node):    # the same for `demo --quick`
+        out, p = request.getfixturevalue("demo_run")
+        assert p.returncode == 0, p.stderr[-3000:]
+        monkeypatch.setenv(DEMO_ENV, str(out))
     ok = build_docs.execute(staged / nb.name, _skip_flags())
     assert ok, f"{nb.name} failed (its traceback is printed above)"
 

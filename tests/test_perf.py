@@ -58,6 +58,7 @@ def _quick():
                    p1=replace(c.p1, n_models=2, seeds=(100, 101)), seeds=(0, 1))
 
 
+@pytest.mark.slow
 def test_demo_runs_its_arms_in_two_processes_with_the_same_results():
     c = _quick()
     par = run_demo(c, parallel=True)

@@ -134,6 +134,7 @@ def _consistent(folder:Path, versions:dict)->str:
     raise AssertionError(f"{folder} is half-written: {sorted(map(str, snap))}")
 
 
+@pytest.mark.slow
 def test_a_killed_summary_leaves_the_old_result_or_the_new(done_run, tmp_path):
     "N3: SIGKILL `reproduce --overwrite` at random moments while it replaces a cpu result: the folder is always one result, whole."
     out = _copy(done_run, tmp_path / "k")
@@ -220,6 +221,7 @@ def _start_and_wait_for_a_cell(cmd, out:Path, timeout:float=120)->subprocess.Pop
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_cells_die_with_their_runner(tiny, tmp_path, sig):
     "N2: kill -9 or kill -TERM the runner (--jobs 2): its cell processes end too; TERM prints one line and exits 130."

@@ -15,7 +15,7 @@ Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto
    `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, and put the models the pages run
    (`spline_transformers/live/`, the editor chapter's `site_files`) beside the pages.
 """
-import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile
+import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +63,37 @@ def mark_executed(nb_path, flags):
     Path(nb_path).write_text(json.dumps(nb, indent=1, ensure_ascii=False))
 
 
+TIMES = STAGE.parent / "chapter_times"   # one JSON file per chapter: its last execution's seconds and outcome
+
+
 def execute(nb_path, skip_flags=SKIP_FLAGS):
-    "Run one staged notebook in place with nbdev's test runner; True when every cell ran."
+    "Run one staged notebook in place with nbdev's test runner; True when every cell ran. Its time goes to `TIMES`."
     import nbdev.test as nbt
-    ok, _ = nbt.test_nb(Path(nb_path), skip_flags=list(skip_flags), basepath=str(ROOT), save=True)
+    ok, elapsed = nbt.test_nb(Path(nb_path), skip_flags=list(skip_flags), basepath=str(ROOT), save=True)
     if ok: mark_executed(nb_path, skip_flags)
+    record_time(Path(nb_path).stem, elapsed, ok)
     return ok
+
+
+def record_time(chapter, seconds, ok=True):
+    "Write a chapter's execution time (what nbdev's runner returns) to `TIMES/<chapter>.json`."
+    TIMES.mkdir(parents=True, exist_ok=True)
+    (TIMES / f"{chapter}.json").write_text(json.dumps({"chapter": chapter, "seconds": round(float(seconds or 0), 2), "ok": bool(ok),
+                                                       "finished": time.time()}))
+
+
+def chapter_times(since=0.0):
+    "{chapter: (seconds, ok)} of the executions recorded after `since` (a `time.time()`), slowest first."
+    rows = [json.loads(f.read_text()) for f in TIMES.glob("*.json")] if TIMES.is_dir() else []
+    rows = sorted((r for r in rows if r["finished"] >= since), key=lambda r: -r["seconds"])
+    return {r["chapter"]: (r["seconds"], r["ok"]) for r in rows}
+
+
+def times_table(times, n=None):
+    "The lines of a table of chapter times, slowest first, with the total."
+    items = list(times.items())[:n]
+    lines = [f"{s:8.1f} s  {c}{'' if ok else '  (FAILED)'}" for c, (s, ok) in items]
+    return lines + [f"{sum(s for s, _ in times.values()):8.1f} s  total of {len(times)} chapters"]
 
 
 def vendor_katex():
@@ -102,7 +127,8 @@ def process():
     nbdev.doclinks._build_modidx()
     nbdev_sidebar.__wrapped__(path=STAGE, force=True)
     shutil.rmtree(PROC, ignore_errors=True)
-    proc_nbs(str(STAGE), n_workers=0, force=True)
+    proc_nbs(str(STAGE), n_workers=2, force=True)   # fresh processes: in this one, ipywidgets' registry may hold every widget the
+    # chapters made (after the notebook tests, ~170 MB), and nbdev writes it into every processed notebook
     render_classes()
     name_pages_like_quarto()
     return PROC
@@ -263,15 +289,19 @@ class ChapterFailed(RuntimeError):
 def build(skip_flags=SKIP_FLAGS, force=False, only_execute=False):
     "Stage, execute what is not fresh, process and render; returns the site folder."
     stage(force=force)
-    failed = []
+    failed, t0 = [], time.time()
     for nb in chapters(STAGE):
         if is_executed(nb) and not force: print(f"fresh  {nb.name}"); continue
         print(f"run    {nb.name}", flush=True)
         if not execute(nb, skip_flags): failed.append(nb.name)
+    ran = chapter_times(since=t0)
+    if ran: print("chapter times (slowest first):", *times_table(ran), sep="\n  ")
     if failed: raise ChapterFailed(f"build_docs: these chapters failed to execute: {failed}")
     if only_execute: return STAGE
-    process()
-    return render()
+    t = time.time(); process(); t_proc = time.time() - t
+    t = time.time(); site = render()
+    print(f"site: nbdev processing {t_proc:.0f} s, rendering {time.time() - t:.0f} s")
+    return site
 
 
 if __name__ == "__main__":
