@@ -207,3 +207,24 @@ def test_one_process_runner():
     assert not bad, f"start processes with core.ChildProcess (or add a reasoned exception): {bad}"
     assert _process_starts(ast.parse("import multiprocessing\ndef f():\n    subprocess.Popen([]); os.fork()")) == \
         [(None, "multiprocessing"), ("f", "Popen"), ("f", "fork")]   # the rule sees what it looks for
+
+
+def _calls(tree, name):
+    "Top-level functions (None: module level) of a module that call `name`."
+    out = []
+    for top in tree.body:
+        fn = top.name if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        out += [fn for n in ast.walk(top) if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == name]
+    return out
+
+
+def test_one_transfer_matrix():
+    "A transfer matrix is built in one place, `two_phase.assemble_transfer`; every matrix of the package (registered, CLI, distributed) goes through it."
+    trees = {f.stem: ast.parse(f.read_text()) for f in sorted(PKG.glob("*.py")) if not f.stem.startswith("_")}
+    built = {(m, fn) for m, t in trees.items() for fn in _calls(t, "TransferMatrix")}
+    assert built == {("two_phase", "assemble_transfer")}, built
+    users = {(m, fn) for m, t in trees.items() for fn in _calls(t, "assemble_transfer")}
+    assert {("runner", "_write_transfer_summary"), ("runner", "run_transfer"), ("distributed", "distributed_transfer")} <= users, users
+    by_target = [(m, n.lineno) for m, t in trees.items() for n in ast.walk(t) if isinstance(n, ast.Call)
+                 and getattr(n.func, "attr", None) == "pivot" and any(k.arg == "columns" and getattr(k.value, "value", None) == "target" for k in n.keywords)]
+    assert not by_target, f"a (row, target) matrix built outside assemble_transfer (the old second implementation pivoted its own): {by_target}"
