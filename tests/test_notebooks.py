@@ -228,3 +228,17 @@ def test_one_transfer_matrix():
     by_target = [(m, n.lineno) for m, t in trees.items() for n in ast.walk(t) if isinstance(n, ast.Call)
                  and getattr(n.func, "attr", None) == "pivot" and any(k.arg == "columns" and getattr(k.value, "value", None) == "target" for k in n.keywords)]
     assert not by_target, f"a (row, target) matrix built outside assemble_transfer (the old second implementation pivoted its own): {by_target}"
+
+
+def test_imports_have_cells_of_their_own():
+    "A chapter cell with an import and other code is run by nbdev when it builds the site, without the cells before it: imports get cells of their own."
+    mixed = []
+    for nb in NOTEBOOKS:
+        for src in _cells(nb):
+            first = src.split("\n")[0]
+            if first.startswith(("#| hide", "#| export", "#| default_exp")): continue
+            try: tree = ast.parse("\n".join("" if l.lstrip().startswith(("%", "!", "#|")) else l for l in src.splitlines()))
+            except SyntaxError: continue
+            kinds = {isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body}
+            if kinds == {True, False}: mixed.append(f"{nb.name}: {first[:60]!r}")
+    assert not mixed, mixed
