@@ -201,6 +201,16 @@ def pytest_runtest_setup(item):
         time.sleep(1)
 
 
+@pytest.fixture
+def quiet_cores(tmp_path_factory):
+    """JupyterLab's Run All races the browser's late slider echoes against the kernel's queue; with the site build or a
+    smoke-reading chapter on the other core the race is lost often enough to show as phantom edits. Tests that drive
+    JupyterLab take both locks, so neither runs beside them (the order is smoke then site: no other holder takes both)."""
+    if not WORKER: yield; return
+    shared = shared_dir(tmp_path_factory)
+    with exclusive(shared / "smoke.lock"), exclusive(shared / "site.lock"): yield
+
+
 _build_site = build_docs.build
 
 

@@ -296,7 +296,7 @@ def _plot_heights(page):
     return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().height))")
 
 
-def test_editor_chapter_live_in_jupyterlab(browser):
+def test_editor_chapter_live_in_jupyterlab(browser, quiet_cores):
     with jupyterlab(EDITOR_CHAPTER) as url:
         page, outside, errors, console = _open_lab_page(browser, url)
         _run_all(page)
@@ -364,7 +364,7 @@ def test_editor_chapter_live_in_jupyterlab(browser):
         page.context.close()
 
 
-def test_widgets_chapter_live_in_jupyterlab(browser):
+def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
     with jupyterlab(WIDGETS_CHAPTER) as url:
         page, outside, errors, console = _open_lab_page(browser, url)
         _run_all(page)
