@@ -15,9 +15,9 @@ from typing import Callable, Optional, Sequence, Union
 # %% auto #0
 __all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'reproduce', 'result_state', 'check_run', 'check_cells',
            'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main',
-           'cell_problem', 'provenance', 'attention_tail', 'summarise', 'summarise_transfer', 'Kind', 'register_kind',
-           'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind',
-           'result_headline', 'run_transfer']
+           'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'summarise_transfer', 'Kind',
+           'register_kind', 'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell', 'run_kind_cells',
+           'summarise_kind', 'result_headline', 'run_transfer']
 
 # %% ../nbs/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -35,7 +35,7 @@ from .corpora import load_corpus
 from .train import TrainConfig
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
                                            check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
-from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, get_experiment, read_json, read_table,
+from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table,
                                              file_transfer_cells)
 from .stats import per_seed, arm_table, decide
 from . import registry  # the book's experiments, registered on import
@@ -438,6 +438,16 @@ def attention_tail(nl:Nonlinearities)->list:
         out.append({"x": x, "at_left": lo, "at_0": mid, "ratio": lo / mid if mid else math.nan})
     return out
 
+def check_done(
+    name:str, # the experiment (or kind) whose result is about to be written
+    cs:Sequence[Cell], # its cells
+    root:Path, # the `.cells` folder
+    size:str, # its size
+):
+    "Refuse in one line to write a result while a cell of it is not done, with the command that finishes them."
+    missing = [c.label for c in cs if not _is_done(root, c.key)]
+    if missing: raise ValueError(f"{name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {name} --size {size} --resume`")
+
 def summarise(
     exp:Experiment, # the experiment
     size:str, # its size
@@ -450,8 +460,7 @@ def summarise(
     if exp.targets: return summarise_transfer(exp, size, out, jobs, command)
     out = Path(out); root, folder = out / ".cells", out / exp.name
     cs = cells(exp, size)
-    missing = [c.label for c in cs if not _is_done(root, c.key)]
-    if missing: raise ValueError(f"{exp.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {exp.name} --size {size} --resume`")
+    check_done(exp.name, cs, root, size)
     with staged_folder(folder) as tmp: return _write_summary(exp, size, root, tmp, cs, jobs, command)
 
 def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
@@ -494,8 +503,7 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     "Write a transfer matrix's folder: summary.json (matrices, per-seed table, diagonal verdict), metrics.csv, provenance.json."
     out = Path(out); root, folder = out / ".cells", out / exp.name
     cs = cells(exp, size)
-    missing = [c.label for c in cs if not _is_done(root, c.key)]
-    if missing: raise ValueError(f"{exp.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {exp.name} --size {size} --resume`")
+    check_done(exp.name, cs, root, size)
     with staged_folder(folder) as tmp: return _write_transfer_summary(exp, size, root, tmp, cs, jobs, command)
 
 def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
@@ -619,8 +627,7 @@ def summarise_kind(kind:Kind, size:str, out:Union[str,Path], jobs:int=1, command
     "Write a kind's folder `<out>/<name>/`: summary.json (name, size, config hash, module and the kind's result data) and provenance.json."
     out = Path(out); root, folder = out / ".cells", out / kind.name
     cs = kind_cells(kind, size)
-    missing = [c.label for c in cs if not _is_done(root, c.key)]
-    if missing: raise ValueError(f"{kind.name}: {len(missing)} cells are not done (e.g. {missing[0]}); run `spline-transformers reproduce {kind.name} --size {size} --resume`")
+    check_done(kind.name, cs, root, size)
     data = kind.summarise(kind.setting(size), [read_json(root / c.key / "output.json", "cell output") for c in cs])
     summary = {"experiment": kind.name, "kind": kind.name, "module": kind.module, "title": kind.title, "claim": kind.claim, "task": kind.task,
                "size": size, "config_hash": kind.config_hash(size), "chapter": kind.chapter, **data}
