@@ -304,26 +304,12 @@ def check_disjoint_seeds(
 
 def arm_config(
     cfg:TrainConfig, # the shared config
-    folder:str, # the arm's (or cell's) own subfolder name
+    folder:str, # the arm's own subfolder name
 )->TrainConfig:
     "`cfg` with `checkpoint_dir` moved into its subfolder `folder` (unchanged without checkpoints), so arms never share checkpoints."
     if not folder or any(c in folder for c in "/\\") or folder in (".", ".."):
         raise ValueError(f"{folder!r} cannot name a checkpoint subfolder; use a name without slashes")
     return cfg if cfg.checkpoint_dir is None else replace(cfg, checkpoint_dir=str(Path(cfg.checkpoint_dir) / folder))
-
-def _phase2(data, nonlinearities, arch, cfg, seeds, name, callbacks, resume)->TrainResult:
-    "Phase II into `cfg.checkpoint_dir` as it is (the public `phase2` puts each arm in its own subfolder first)."
-    check_disjoint_seeds(seeds, nonlinearities)
-    nl = as_nonlinearities(nonlinearities)
-    arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn)), pre_qkv=bool(len(nl.pre_qkv))))
-    frozen = nl.for_depth(arch.n_layers).freeze()
-    ens = Ensemble(arch, seeds=list(seeds), nonlinearities=frozen)
-    return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
-
-def _baseline(data, arch, cfg, seeds, name, callbacks, resume)->TrainResult:
-    "The baseline into `cfg.checkpoint_dir` as it is."
-    ens = Ensemble(arch_for(data, standard_arch(arch)), seeds=list(seeds))
-    return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
 
 def phase2(
     data, # target task or corpus
@@ -337,8 +323,12 @@ def phase2(
     **overrides, # TrainConfig fields that replace those of `cfg`
 )->TrainResult:
     "Phase II: fresh models with the learned nonlinearities frozen, trained like the baseline; returns a `TrainResult`."
-    cfg = replace(cfg or TrainConfig(), **overrides)
-    return _phase2(data, nonlinearities, arch, arm_config(cfg, name), seeds, name, callbacks, resume)
+    cfg = arm_config(replace(cfg or TrainConfig(), **overrides), name)   # each arm checkpoints into its own subfolder
+    check_disjoint_seeds(seeds, nonlinearities)
+    nl = as_nonlinearities(nonlinearities)
+    arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn)), pre_qkv=bool(len(nl.pre_qkv))))
+    ens = Ensemble(arch, seeds=list(seeds), nonlinearities=nl.for_depth(arch.n_layers).freeze())
+    return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
 
 def baseline(
     data, # target task or corpus
@@ -351,8 +341,9 @@ def baseline(
     **overrides, # TrainConfig fields that replace those of `cfg`
 )->TrainResult:
     "The standard transformer (GeLU MLP, softmax attention) with `cfg`'s hyperparameters, one model per seed."
-    cfg = replace(cfg or TrainConfig(), **overrides)
-    return _baseline(data, arch, arm_config(cfg, name), seeds, name, callbacks, resume)
+    cfg = arm_config(replace(cfg or TrainConfig(), **overrides), name)   # each arm checkpoints into its own subfolder
+    ens = Ensemble(arch_for(data, standard_arch(arch)), seeds=list(seeds))
+    return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
 
 # %% ../nbs/08_two_phase.ipynb #cc89a3f3
 def compare(
