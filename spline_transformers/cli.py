@@ -36,7 +36,7 @@ from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
 from .experiments import EXPERIMENTS, SIZES
-from .runner import reproduce, run_transfer, check_run, KINDS, result_headline
+from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, register_results, redecide
 from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
 from .results import experiments_table
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,
@@ -144,6 +144,8 @@ def build_parser()->argparse.ArgumentParser:
                    help="train an arm's seeds as one batched ensemble in one process (--no-batch-seeds: one process per seed)")
     r.add_argument("--device", default="cpu", help="where the cells train: cpu, or cuda for the gpu size")
     r.add_argument("--quiet", action="store_true", help="no progress lines, only the verdicts")
+    r.add_argument("--register", action="store_true", help="record in OUT/registrations.json the commit that registers the named experiments' rules (commit them first), and exit")
+    r.add_argument("--redecide", action="store_true", help="decide the named results in OUT again under the current rules and statistic, from their own metrics (nothing trains), and exit")
     r.set_defaults(func=cmd_reproduce)
 
     pr = sub.add_parser("prepare", formatter_class=fmt, help="materialise a corpus into token arrays",
@@ -725,7 +727,19 @@ def cmd_reproduce(a)->int:
         t = experiments_table(a.size, out)
         for r in t.itertuples():
             cost = f", measured {r.measured_cell_s / 60:.0f} min of cell time" if isinstance(r.measured_cell_s, (int, float)) and r.measured_cell_s == r.measured_cell_s else ""
-            print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {r.claim}")
+            known = lambda x: x is not None and x == x   # neither None nor NaN
+            plan = (f"{int(r.seeds)} seeds (its power plan asks for {int(r.planned_seeds) if known(r.planned_seeds) else 'no number'}), "
+                    f"{'registered ' + r.registered if known(r.registered) else 'not registered'}") if known(r.seeds) else "a runner kind: no verdict"
+            print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {plan}\n{'':12s} {r.claim}")
+        return 0
+    if a.register or a.redecide:
+        if a.register and a.redecide: raise UsageError("--register and --redecide are separate steps: register (and commit the ledger) first")
+        if not a.names: raise UsageError(f"name the experiments to {'register' if a.register else 'decide again'} (or 'all')")
+        names = list(EXPERIMENTS) if "all" in a.names else [check_name(n, tuple(EXPERIMENTS), "experiment") for n in a.names]
+        if a.register: register_results(names, out, a.size, log=None if a.quiet else print); return 0
+        for n in names:
+            s = redecide(n, out, command=_command_line()); v = s["verdicts"][0]
+            print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}])")
         return 0
     if not a.names: raise UsageError("name the experiments to run (or 'all'); `spline-transformers reproduce --list` shows them")
     names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS) + tuple(KINDS), "experiment") for n in a.names]

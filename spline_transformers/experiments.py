@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 # %% auto #0
-__all__ = ['SIZES', 'STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'EXPERIMENTS', 'Experiment', 'Phase1Run', 'Arm', 'Verdict', 'Setting',
-           'Cell', 'cells', 'transfer_source', 'transfer_matrix_cells', 'file_transfer_cells', 'register',
-           'get_experiment', 'read_json', 'read_table']
+__all__ = ['SIZES', 'EXPERIMENTS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells', 'transfer_source',
+           'transfer_matrix_cells', 'file_transfer_cells', 'register', 'get_experiment', 'read_json', 'read_table']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import pandas as pd
@@ -26,6 +25,7 @@ from .tasks import TASKS
 from .corpora import CORPORA
 from .train import TrainConfig
 from .two_phase import Phase1Config, spline_arch, as_nonlinearities
+from .stats import Power, statistic_source
 
 # %% ../nbs/09_experiments.ipynb #ce740053
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Experiment:
     transfer_arm:str="learned" # the arm whose architecture and first Phase I run the transfer matrix uses for this task
     targets:tuple=() # a transfer matrix: the experiments whose tasks are its columns and whose learned splines are its rows
     rows:tuple=() # a transfer matrix whose rows are not its columns: the experiments whose learned splines are its rows (default: `targets`)
+    power:Optional[Power]=None # the registered power calculation of the headline verdict (the spread the seeds are planned for)
 
     @property
     def row_sources(self)->tuple:
@@ -61,15 +62,18 @@ class Experiment:
         return self.sizes[size]
 
     def config_hash(self, size:str)->str:
-        "The hash of `size`'s setting, with the claim, rule and the settings of the experiments it draws splines from."
+        "The hash of `size`'s setting, with the rules, the statistic's source code, the power plan and the settings of the experiments it draws splines from."
         deps = {s: EXPERIMENTS[s.split("/")[0]].config_hash(size) for s in self.draws_on}
-        return content_hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps})
+        return content_hash({"task": self.task, "setting": self.setting(size).to_dict(), "verdicts": [asdict(v) for v in self.verdicts], "sources": deps,
+                             "statistic": statistic_source(), "power": asdict(self.power) if self.power else None})
+
+    @property
+    def planned_seeds(self)->Optional[int]:
+        "The paired Phase II seeds the power plan asks for (None without a plan)."
+        return self.power.seeds(self.verdicts[0]) if self.power and self.verdicts[0].statistic != "diagonal" else None
 
 # %% ../nbs/09_experiments.ipynb #8200748b
 SIZES = ("smoke", "cpu", "gpu")  # the three sizes of every experiment
-STATISTICS = ("speedup", "final_test", "final_ood", "diagonal")  # what a verdict can compare
-VERDICTS = ("reproduced", "reversed", "inconclusive")  # what a verdict can say
-MIN_SEEDS = 5  # fewer paired seeds than this: the bootstrap interval is too optimistic, the verdict is inconclusive
 
 @dataclass(frozen=True)
 class Phase1Run:
@@ -96,28 +100,6 @@ class Arm:
         d = asdict(self)
         if d["form"] == "spline": d.pop("form")
         return d
-
-@dataclass(frozen=True)
-class Verdict:
-    "The rule that decides a claim, written before the run: `arm` against `reference` on `statistic`, by a paired bootstrap interval."
-    arm:str # the arm the claim is about
-    reference:str="standard" # the arm it is compared with
-    statistic:str="speedup" # "speedup" (median steps ratio, reference / arm) | "final_test" | "final_ood" (accuracy difference, arm − reference) | "diagonal" (transfer)
-    above:float=1.0 # reproduced if the interval lies above this (speedup: 1; accuracy differences: 0)
-    confidence:float=0.95 # the interval's coverage
-
-    def __post_init__(self): check_option(self.statistic, STATISTICS, "statistic")
-
-    @property
-    def rule(self)->str:
-        "The rule in words."
-        if self.statistic == "diagonal":
-            return (f"reproduced if, in at least {self.above:.0%} of the target tasks, the splines learned on the task itself give the highest "
-                    "median final test accuracy among the learned rows (ties count for the diagonal); not reproduced otherwise")
-        what = (f"the median speed-up of {self.arm!r} over {self.reference!r} (steps to threshold)" if self.statistic == "speedup"
-                else f"the gain in mean {self.statistic.replace('_', ' ')} accuracy of {self.arm!r} over {self.reference!r}")
-        return (f"reproduced if the paired bootstrap {self.confidence:.0%} interval of {what} lies above {self.above:g}; "
-                f"reversed if it lies below {self.above:g}; inconclusive otherwise, and with fewer than {MIN_SEEDS} paired seeds")
 
 # %% ../nbs/09_experiments.ipynb #7afa045e
 @dataclass(frozen=True)

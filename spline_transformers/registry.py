@@ -14,7 +14,8 @@ __all__ = ['cpu_setting']
 
 # %% ../nbs/09b_registry.ipynb #a253cc93
 from .two_phase import Phase1Config, demo_config
-from .experiments import Experiment, Phase1Run, Arm, Verdict, Setting, register
+from .experiments import Experiment, Phase1Run, Arm, Setting, register
+from .stats import Verdict, Power
 
 # %% ../nbs/09b_registry.ipynb #01bffb6e
 _DEMO = demo_config("cpu")   # chapter 8's demo is the base: its sizes are written once, there
@@ -78,6 +79,7 @@ register(Experiment(
                      Phase1Run("mlp_r2", seeds=(120, 121, 122, 123)), Phase1Run("mlpattn_r0", attn=True, seeds=(130, 131, 132, 133)),
                      Phase1Run("m1_r0", seeds=(140,)), Phase1Run("m1_r1", seeds=(150,)), Phase1Run("m1_r2", seeds=(160,))),
         seeds=tuple(range(10))), gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
+    power=Power(0.216, "results/add at 5557cc3: learned vs standard, log ratios of restricted steps, 10 seeds"),
     verdicts=(Verdict("learned"), Verdict("learned", "control"), Verdict("learned", "m1"), Verdict("learned_attn"))))
 
 register(Experiment(
@@ -87,6 +89,7 @@ register(Experiment(
     sizes=_sizes(cpu_setting(dict(max_ops=2, modulus=5), arms=_learned_arms(), phase1_runs=(Phase1Run("mlp_r0"),),
                              train=dict(steps=3000, lr=1e-3), phase1_train=dict(steps=1000, lr=1e-3)),
                  gpu_task_params=dict(max_ops=10, modulus=23)),
+    power=Power(0.094, "results/mano at 5557cc3: learned − standard final test accuracy, 5 seeds"),
     verdicts=(Verdict("learned", statistic="final_test", above=0.0), Verdict("learned"), Verdict("learned", "control", "final_test", 0.0))))
 
 _ALIBI = (("pos", "alibi"),)
@@ -101,6 +104,7 @@ register(Experiment(
                              phase1_runs=(Phase1Run("alibi_mlp", arch=_ALIBI), Phase1Run("alibi_mlpattn", attn=True, seeds=(110, 111, 112, 113), arch=_ALIBI)),
                              train=dict(steps=2000), phase1_train=dict(steps=800), eval_by=("weights", "test")),
                  gpu_task_params=dict(n_symbols=16, train_lengths=(2, 10), arch_lengths=(2, 15), test_lengths=(11, 30))),
+    power=Power(0.131, "results/copy at 5557cc3: alibi_learned − alibi final test accuracy, 5 seeds"),
     verdicts=(Verdict("alibi_learned", "alibi", "final_test", 0.0), Verdict("alibi", "learned_pos", "final_test", 0.0),
               Verdict("alibi_learned_attn", "alibi", "final_test", 0.0))))
 
@@ -111,6 +115,7 @@ register(Experiment(
     sizes=_sizes(cpu_setting(dict(lengths=(2, 10), ood_lengths=(12, 20)), arms=_learned_arms(), phase1_runs=(Phase1Run("mlp_r0"),),
                              train=dict(steps=2000, lr=1e-3), phase1_train=dict(steps=800, lr=1e-3)),
                  gpu_task_params=dict(lengths=(2, 20), ood_lengths=(22, 40))),
+    power=Power(0.784, "results/parentheses at 5557cc3: learned vs standard, log ratios of restricted steps, 5 seeds"),
     verdicts=(Verdict("learned"), Verdict("learned", statistic="final_ood", above=0.0), Verdict("learned", "control"))))
 
 register(Experiment(
@@ -120,6 +125,7 @@ register(Experiment(
     sizes=_sizes(cpu_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), arms=_learned_arms(),
                              phase1_runs=(Phase1Run("mlp_r0"),), train=dict(steps=2000, lr=1e-3), phase1_train=dict(steps=800, lr=1e-3)),
                  gpu_task_params=dict(n_pairs=(4, 16), ood_pairs=(17, 64), n_keys=64, n_values=64)),
+    power=Power(0.036, "results/needle at 5557cc3: learned − standard final test accuracy, 5 seeds"),
     verdicts=(Verdict("learned", statistic="final_test", above=0.0), Verdict("learned"), Verdict("learned", "control", "final_test", 0.0))))
 
 register(Experiment(
@@ -130,6 +136,7 @@ register(Experiment(
     sizes=_sizes(cpu_setting(dict(p=23, train_frac=0.6), arms=_learned_arms(), phase1_runs=(Phase1Run("mlp_r0"),),
                              train=dict(steps=3000, weight_decay=1.0), phase1_train=dict(steps=1000, weight_decay=1.0), threshold=0.9),
                  gpu_task_params=dict(p=97, train_frac=0.5)),
+    power=Power(0.126, "results/modadd at 5557cc3: learned vs standard, log ratios of restricted steps, 5 seeds (4 of 5 pairs censored in both arms)"),
     verdicts=(Verdict("learned"), Verdict("learned", "control"))))
 
 register(Experiment(
@@ -147,9 +154,14 @@ register(Experiment(
                      Phase1Run("exp_r3", mlp=False, attn=True, seeds=(230, 231, 232, 233),
                                arch=(("attn_init", "exp"), ("attn_spline_range", 3.0))))),
         gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
+    power=Power(0.056, "results/attn_kernel at 5557cc3: attn_exp vs standard, log ratios of restricted steps, 5 seeds"),
     verdicts=(Verdict("attn_exp"), Verdict("attn_const"), Verdict("attn_exp_lr0.1"), Verdict("attn_exp_r3"), Verdict("attn_exp", "attn_exp_control"))))
 
 # %% ../nbs/09b_registry.ipynb #212b8167
+def _lm_gain(arm:str, reference:str)->Verdict:
+    "A language-model gain in validation token accuracy: margin ±0.5 points, planned for a 1-point gain (language-model accuracies move in tenths)."
+    return Verdict(arm, reference, "final_test", 0.0, margin=0.005, effect=0.01)
+
 _LM_ARCH = dict(d_model=128, max_len=128)
 _LM_TRAIN = dict(steps=800, batch_size=16, eval_every=100, eval_examples=128)
 
@@ -178,9 +190,10 @@ register(Experiment(
               Arm("glu_spline", "phase1:glu_r0"), Arm("m1", "phase1:m1_r0"), Arm("control", "init")),
         phase1_runs=(Phase1Run("mlp_r0"), Phase1Run("mlpattn_r0", attn=True, seeds=(110, 111, 112, 113)),
                      Phase1Run("glu_r0", seeds=(120, 121, 122, 123), arch=(("mlp_act", "swiglu"),)), Phase1Run("m1_r0", seeds=(130,)))),
-    verdicts=(Verdict("spline", "gelu", "final_test", 0.0), Verdict("spline_attn", "gelu", "final_test", 0.0), Verdict("glu_spline", "swiglu", "final_test", 0.0),
-              Verdict("swiglu", "gelu", "final_test", 0.0), Verdict("spline", "m1", "final_test", 0.0),
-              Verdict("spline", "control", "final_test", 0.0))))
+    power=Power(0.0023, "results/lm_shakespeare_char at 4d71577: spline − gelu validation token accuracy, 5 seeds"),
+    verdicts=(_lm_gain("spline", "gelu"), _lm_gain("spline_attn", "gelu"), _lm_gain("glu_spline", "swiglu"),
+              _lm_gain("swiglu", "gelu"), _lm_gain("spline", "m1"),
+              _lm_gain("spline", "control"))))
 
 def _lm_corpus(
     name:str, # registry name
@@ -188,6 +201,7 @@ def _lm_corpus(
     corpus:str, # the corpus at cpu size
     gpu_corpus:str, # the hub corpus the gpu size names
     claim:str, # the claim in one sentence
+    power:Power, # the power plan of its verdict
 )->Experiment:
     "A language-model experiment on a BPE corpus: GeLU against the learned MLP spline (Phase I M = 4), at the character-level experiment's sizes."
     return Experiment(
@@ -195,13 +209,15 @@ def _lm_corpus(
         paper="TinyStories (2 layers, width 256), validation token accuracy: GeLU 63.7%, learned MLP spline 64.4% (spec §6).", paper_value=0.007,
         sizes=_lm_sizes(dict(name=corpus, tokenizer="bpe", vocab_size=1024, block_size=128),
                         arms=(Arm("gelu"), Arm("spline", "phase1:mlp_r0")), phase1_runs=(Phase1Run("mlp_r0"),), gpu_corpus=gpu_corpus),
-        verdicts=(Verdict("spline", "gelu", "final_test", 0.0),))
+        power=power, verdicts=(_lm_gain("spline", "gelu"),))
 
 register(_lm_corpus("lm_shakespeare_bpe", "Language model: the MLP spline (Shakespeare, BPE 1024)", "shakespeare", "tinystories",
-                    "In a byte-level BPE (1,024 tokens) language model of Shakespeare, the learned MLP spline raises validation token accuracy over GeLU."))
+                    "In a byte-level BPE (1,024 tokens) language model of Shakespeare, the learned MLP spline raises validation token accuracy over GeLU.",
+                    Power(0.0028, "results/lm_shakespeare_bpe at 4d71577: spline − gelu validation token accuracy, 5 seeds")))
 register(_lm_corpus("lm_code_bpe", "Language model: the MLP spline (Python code, BPE 1024)", "code", "codesearchnet",
                     "In a byte-level BPE (1,024 tokens) language model of the Python standard library, the learned MLP spline raises "
-                    "validation token accuracy over GeLU."))
+                    "validation token accuracy over GeLU.",
+                    Power(0.0028, "results/lm_code_bpe at 4d71577: spline − gelu validation token accuracy, 5 seeds")))
 
 # %% ../nbs/09b_registry.ipynb #46dc20bb
 _CHAR_MLP = "phase1:lm_shakespeare_char/mlp_r0"
@@ -216,8 +232,9 @@ register(Experiment(
         dict(name="shakespeare", tokenizer="char", block_size=128),
         arms=(Arm("gelu"), Arm("spline", _CHAR_MLP), Arm("polynomial", _CHAR_MLP, form="polynomial:24"),
               Arm("smoothed", _CHAR_MLP, form="smooth:2"), Arm("symmetrised", _CHAR_MLP, form="symmetrise"))),
-    verdicts=(Verdict("polynomial", "gelu", "final_test", 0.0), Verdict("spline", "polynomial", "final_test", 0.0),
-              Verdict("spline", "smoothed", "final_test", 0.0), Verdict("spline", "symmetrised", "final_test", 0.0))))
+    power=Power(0.0045, "results/lm_deploy at 4d71577: polynomial − gelu validation token accuracy, 5 seeds"),
+    verdicts=(_lm_gain("polynomial", "gelu"), _lm_gain("spline", "polynomial"),
+              _lm_gain("spline", "smoothed"), _lm_gain("spline", "symmetrised"))))
 
 register(Experiment(
     "transfer", "Transfer matrix", task="", chapter="13_transfer", targets=("add", "mano", "copy", "parentheses", "needle", "modadd"),
@@ -233,4 +250,4 @@ register(Experiment(
           "learned on the other corpus and those learned on characters.",
     paper="The transfer matrix is strongly diagonal (spec §3.4, §6); the paper shows no language-model transfer.",
     sizes=_sizes(cpu_setting({}, arms=(), seeds=(0, 1, 2))),
-    verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=1.0),)))
+    verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=1.0, margin=0.005),)))

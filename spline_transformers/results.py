@@ -25,7 +25,7 @@ import torch
 from .core import atomic_write, check_option
 from .model import Nonlinearities
 from .experiments import EXPERIMENTS, cells, read_json, read_table
-from .runner import KINDS, kind_named, work_cells
+from .runner import KINDS, kind_named, work_cells, registration
 from . import registry  # the book's experiments, registered on import
 
 # %% ../nbs/09d_results.ipynb #caef28fc
@@ -88,13 +88,18 @@ def experiments_table(
     size:str="cpu", # the size whose cells are counted
     root:Optional[Union[str,Path]]="results", # where committed results are read from (their measured cell time)
 )->pd.DataFrame:
-    "One row per experiment (and runner `Kind`): name, claim, cells at `size`, and the measured cell time of its committed result."
+    "One row per experiment (and runner `Kind`): name, claim, cells at `size`, seeds and the seeds its power plan asks for, its registration, when its cells ran and were decided, and their measured cell time."
     rows = []
     for n, e in {**EXPERIMENTS, **KINDS}.items():
         p = Path(root) / n / "provenance.json" if root is not None else None
         prov = read_json(p, "provenance") if p is not None and p.is_file() else {}
+        mine = prov.get("size") == size
+        reg = registration(n, root, size) if root is not None and n in EXPERIMENTS else None
         rows.append({"name": n, "task": e.task, "claim": e.claim, "cells": len(work_cells(e, size)),
-                     "measured_cell_s": prov.get("total_cell_wall_s") if prov.get("size") == size else None})
+                     "seeds": len(e.setting(size).seeds) if n in EXPERIMENTS else None, "planned_seeds": getattr(e, "planned_seeds", None),
+                     "registered": f"{reg['commit'][:10]} ({reg['date'][:10]})" if reg else None,
+                     "cells_ran": prov.get("date", "")[:10] if mine else None, "decided": prov.get("decided", prov).get("date", "")[:10] if mine else None,
+                     "measured_cell_s": prov.get("total_cell_wall_s") if mine else None})
     return pd.DataFrame(rows)
 
 # %% ../nbs/09d_results.ipynb #ace9cff3

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'reproduce', 'result_state', 'check_run', 'check_cells',
-           'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main',
-           'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'summarise_transfer', 'Kind',
-           'register_kind', 'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell', 'run_kind_cells',
-           'summarise_kind', 'result_headline', 'run_transfer']
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'REGISTRATIONS', 'KINDS', 'reproduce', 'result_state', 'check_run',
+           'check_cells', 'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells',
+           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
+           'summarise_transfer', 'registrations', 'registration', 'check_registered', 'register_results', 'redecide',
+           'Kind', 'register_kind', 'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell',
+           'run_kind_cells', 'summarise_kind', 'result_headline', 'run_transfer']
 
 # %% ../nbs/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -25,7 +26,7 @@ import pandas as pd
 import torch
 
 # %% ../nbs/09c_runner.ipynb #979a78a4
-from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
+from .core import (atomic_write, check_option, content_hash, provenance_record, git_output, remove_stale_temps, tensor_digest,
                                       model_device, resolve_device, sha256_hex, staged_folder, ChildProcess, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities, record_preactivations
 from .attention import record_scores
@@ -35,9 +36,9 @@ from .corpora import load_corpus
 from .train import TrainConfig
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
                                            check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
-from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table,
+from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, get_experiment,
                                              file_transfer_cells)
-from .stats import per_seed, arm_table, decide
+from .stats import per_seed, arm_table, decide, decide_diagonal, statistic_source
 from . import registry  # the book's experiments, registered on import
 
 # %% ../nbs/09c_runner.ipynb #41240c5d
@@ -70,6 +71,7 @@ def reproduce(
                          f"pass overwrite=True (--overwrite) to replace it, or choose another out folder (--out)")
     kept = {n: read_json(out / n / "summary.json", "summary") for n, (st, _) in states.items() if st == "current" and not overwrite}
     run_names = [n for n in names if n not in kept]
+    check_registered(run_names, out, size)
     root.mkdir(parents=True, exist_ok=True)
     results = dict(kept)
     with FolderLock(root, "experiment cells folder"):   # before looking at the cells: a live run's cells are not "unfinished"
@@ -463,6 +465,18 @@ def summarise(
     check_done(exp.name, cs, root, size)
     with staged_folder(folder) as tmp: return _write_summary(exp, size, root, tmp, cs, jobs, command)
 
+def _decisions(exp:Experiment, size:str, metrics:pd.DataFrame)->dict:
+    "The decided part of a summary, from the metrics of every arm: config hash, verdicts, arm table and per-seed table."
+    s = exp.setting(size)
+    seeds = per_seed(metrics, s.threshold, s.metric)
+    verdicts = [decide(v, seeds) for v in exp.verdicts]
+    return {"config_hash": exp.config_hash(size), "verdict": verdicts[0]["verdict"], "verdicts": verdicts,
+            "arms": arm_table(seeds).to_dict("records"), "per_seed": seeds.to_dict("records")}
+
+def cells_hash(cs:Sequence[Cell])->str:
+    "One hash of a result's cell keys: equal exactly when the same cells (the same training) produced it."
+    return content_hash(sorted(c.key for c in cs))
+
 def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
     s = exp.setting(size); (folder / "splines").mkdir()
     metrics, p1_metrics, by, phase1_info, probes = [], [], [], {}, {}
@@ -483,12 +497,9 @@ def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jo
             if (root / c.key / "by_size.csv").is_file(): by.append(read_table(root / c.key / "by_size.csv").assign(arm=arm, seed=seed))
             if seed == s.seeds[0] and (root / c.key / "probe.json").is_file(): probes[arm] = {"seed": seed, **read_json(root / c.key / "probe.json", "probe")}
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
-    seeds = per_seed(metrics, s.threshold, s.metric)
-    verdicts = [decide(v, seeds) for v in exp.verdicts]
     summary = {"experiment": exp.name, "title": exp.title, "claim": exp.claim, "paper": exp.paper, "paper_value": exp.paper_value,
-               "task": exp.task, "size": size, "config_hash": exp.config_hash(size), "threshold": s.threshold, "metric": s.metric,
-               "verdict": verdicts[0]["verdict"], "verdicts": verdicts, "arms": arm_table(seeds).to_dict("records"),
-               "per_seed": seeds.to_dict("records"), "phase1": phase1_info, "chapter": exp.chapter}
+               "task": exp.task, "size": size, **_decisions(exp, size, metrics), "threshold": s.threshold, "metric": s.metric,
+               "phase1": phase1_info, "chapter": exp.chapter, "cells_hash": cells_hash(cs)}
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
     if p1_metrics: atomic_write(folder / "phase1_metrics.csv", pd.concat(p1_metrics, ignore_index=True).round({"value": 5}).to_csv(index=False))
     if by: atomic_write(folder / "by_size.csv", pd.concat(by, ignore_index=True).round(5).to_csv(index=False))
@@ -506,36 +517,101 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
     check_done(exp.name, cs, root, size)
     with staged_folder(folder) as tmp: return _write_transfer_summary(exp, size, root, tmp, cs, jobs, command)
 
+def _transfer_decisions(exp:Experiment, size:str, metrics:pd.DataFrame)->dict:
+    "The decided part of a transfer matrix's summary: config hash, the diagonal verdict, the matrices and the per-seed table."
+    tables = [per_seed(g.drop(columns="target"), EXPERIMENTS[t].setting(size).threshold, EXPERIMENTS[t].setting(size).metric).assign(target=t)
+              for t, g in metrics.groupby("target", sort=False)]
+    tm = assemble_transfer([metrics], {t: EXPERIMENTS[t].setting(size).threshold for t in exp.targets},
+                           {t: EXPERIMENTS[t].setting(size).metric for t in exp.targets}, rows=["standard"] + list(exp.row_sources), targets=exp.targets)
+    verdict = decide_diagonal(exp.verdicts[0], tm.final_id, len(exp.setting(size).seeds))
+    mat = lambda df: {r: {c: df.loc[r, c] for c in df.columns} for r in df.index}
+    return {"config_hash": exp.config_hash(size), "verdict": verdict["verdict"], "verdicts": [verdict], "final_test": mat(tm.final_id),
+            "median_steps": mat(tm.median_steps), "speedup": mat(tm.speedup), "per_seed": pd.concat(tables, ignore_index=True).to_dict("records")}
+
 def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
-    metrics, tables = [], []
+    metrics = []
     for c in cs:
         if c.spec["kind"] != "train": continue
         row, target = _arm_of(c.label)[0].split("->")
         metrics.append(read_table(root / c.key / "metrics.csv").assign(model=row, target=target))
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
-    for t, g in metrics.groupby("target", sort=False):
-        st = EXPERIMENTS[t].setting(size)
-        tables.append(per_seed(g.drop(columns="target"), st.threshold, st.metric).assign(target=t))
-    seeds = pd.concat(tables, ignore_index=True)
-    rows = ["standard"] + list(exp.row_sources)
-    tm = assemble_transfer([metrics], {t: EXPERIMENTS[t].setting(size).threshold for t in exp.targets},
-                           {t: EXPERIMENTS[t].setting(size).metric for t in exp.targets}, rows=rows, targets=exp.targets)
-    final, steps, speed = tm.final_id, tm.median_steps, tm.speedup
-    learned = final.drop(index="standard")
-    diag = [bool(t in learned.index and learned.loc[t, t] >= learned[t].max() - 1e-12) for t in exp.targets]
-    v = exp.verdicts[0]; frac = float(np.mean(diag))
-    verdict = {"arm": "diagonal", "reference": "other learned rows", "statistic": "diagonal", "estimate": frac, "low": frac, "high": frac,
-               "seeds": len(exp.setting(size).seeds), "verdict": "reproduced" if frac >= v.above else "not reproduced", "rule": v.rule,
-               "diagonal_best": dict(zip(exp.targets, diag))}
-    mat = lambda df: {r: {c: df.loc[r, c] for c in df.columns} for r in df.index}
     summary = {"experiment": exp.name, "title": exp.title, "claim": exp.claim, "paper": exp.paper, "paper_value": exp.paper_value,
-               "task": "transfer", "size": size, "config_hash": exp.config_hash(size), "verdict": verdict["verdict"], "verdicts": [verdict],
-               "final_test": mat(final), "median_steps": mat(steps), "speedup": mat(speed), "per_seed": seeds.to_dict("records"),
-               "chapter": exp.chapter}
+               "task": "transfer", "size": size, **_transfer_decisions(exp, size, metrics), "chapter": exp.chapter, "cells_hash": cells_hash(cs)}
     atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
     info = [read_json(root / c.key / "done.json", "done.json") for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))
+    return summary
+
+# %% ../nbs/09c_runner.ipynb #964a5851
+REGISTRATIONS = "registrations.json"  # in a results folder: the commit that registered each experiment's configuration
+
+def registrations(out:Union[str,Path]="results")->dict:
+    "The ledger of `out`: experiment -> list of entries (config_hash, size, commit, date, statistic); empty without one."
+    p = Path(out) / REGISTRATIONS
+    return read_json(p, "registrations ledger") if p.is_file() else {}
+
+def registration(name:str, out:Union[str,Path]="results", size:str="cpu")->Optional[dict]:
+    "The ledger entry of `name`'s current configuration at `size`, or None if it is not registered."
+    h = get_work(name).config_hash(size)
+    return next((r for r in registrations(out).get(name, []) if r["config_hash"] == h and r["size"] == size), None)
+
+def check_registered(names:Sequence[str], out:Union[str,Path], size:str):
+    "Refuse in one line to run or decide a `cpu` experiment whose configuration a ledgered folder has not registered."
+    if size != "cpu" or not (Path(out) / REGISTRATIONS).is_file(): return
+    missing = [n for n in names if n in EXPERIMENTS and registration(n, out, size) is None]
+    if missing: raise ValueError(f"{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: its cpu configuration is not registered in "
+                                 f"{Path(out) / REGISTRATIONS}; commit the registry, then run `spline-transformers reproduce {' '.join(missing)} --register`")
+
+def register_results(
+    names:Union[str,Sequence[str]]="all", # experiments to register, or "all"
+    out:Union[str,Path]="results", # the results folder whose ledger records them
+    size:str="cpu", # the size registered
+    log:Optional[Callable]=print, # progress lines
+)->list:
+    "Record in `<out>/registrations.json` the commit that holds each experiment's current configuration (the source must be committed); returns the new entries."
+    names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
+    for n in names: get_experiment(n)
+    commit = git_output("rev-parse", "HEAD")
+    if not commit: raise ValueError("registration records a git commit: run it in the package's git checkout")
+    dirty = git_output("status", "--porcelain", "--untracked-files=no", "--", ".", "../nbs")
+    if dirty: raise ValueError(f"the package's source has uncommitted changes ({dirty.splitlines()[0].strip()}, ...); commit them first, so the registered commit holds the rules")
+    ledger, new = registrations(out), []
+    for n in names:
+        if registration(n, out, size): continue
+        e = {"config_hash": EXPERIMENTS[n].config_hash(size), "size": size, "commit": commit,
+             "date": git_output("log", "-1", "--format=%cI", commit), "statistic": statistic_source()}
+        ledger.setdefault(n, []).append(e); new.append({"experiment": n, **e})
+        if log: log(f"{n}: registered {e['config_hash']} at {commit[:10]} ({e['date']})")
+    if new: atomic_write(Path(out) / REGISTRATIONS, json.dumps(ledger, indent=1) + "\n")
+    return new
+
+def redecide(
+    name:str, # a registered experiment with a result in `out`
+    out:Union[str,Path]="results", # the results folder
+    command:Optional[str]=None, # the command line (for the provenance)
+)->dict:
+    "Decide a result again from its own metrics under the current rules and statistic (nothing trains); returns the new summary."
+    exp = get_experiment(name); folder = Path(out) / name
+    s, prov = read_json(folder / "summary.json", "summary"), read_json(folder / "provenance.json", "provenance")
+    size = s.get("size"); check_option(size, SIZES, "size")
+    check_registered([name], out, size)
+    cs, metrics = cells(exp, size), read_table(folder / "metrics.csv")
+    redo = f"; run it again: `spline-transformers reproduce {name} --size {size} --out {out} --overwrite`"
+    if s.get("cells_hash", cells_hash(cs)) != cells_hash(cs): raise ValueError(f"{name}: other cells produced this result (its training changed){redo}")
+    p1 = {c.label.rsplit("/", 1)[1]: c.key for c in cs if c.spec["kind"] == "phase1"}
+    if any(p1.get(r) != i.get("cell") for r, i in s.get("phase1", {}).items()): raise ValueError(f"{name}: its Phase I cells changed{redo}")
+    have = set(zip(metrics.model, metrics.seed)) if not exp.targets else set(zip(metrics.model + "->" + metrics.target, metrics.seed))
+    want = {_arm_of(c.label) for c in cs if c.spec["kind"] == "train"}
+    if have != want: raise ValueError(f"{name}: the result's arms and seeds are not the registry's ({len(have ^ want)} differ){redo}")
+    summary = {**s, **(_transfer_decisions(exp, size, metrics) if exp.targets else _decisions(exp, size, metrics)), "cells_hash": cells_hash(cs)}
+    now = provenance_record(command)
+    prov = {**prov, "config_hash": summary["config_hash"], "decided": {"git_commit": now["git_commit"], "git_dirty": now["git_dirty"],
+            "date": now["date"], "package_version": now["package_version"], "statistic": statistic_source(), "command": now["command"]}}
+    with staged_folder(folder) as tmp:
+        shutil.copytree(folder, tmp, dirs_exist_ok=True)
+        atomic_write(tmp / "summary.json", json.dumps(_finite(summary), indent=2))
+        atomic_write(tmp / "provenance.json", json.dumps(_finite(prov), indent=2))
     return summary
 
 # %% ../nbs/09c_runner.ipynb #fbc9229c

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from spline_transformers import results as ex
-from spline_transformers.experiments import EXPERIMENTS, SIZES, VERDICTS, Arm, Experiment, Phase1Run, Verdict, cells, register
-from spline_transformers.stats import decide, paired_bootstrap
+from spline_transformers.experiments import EXPERIMENTS, SIZES, Arm, Experiment, Phase1Run, cells, register
+from spline_transformers.stats import VERDICTS, Verdict, decide, paired_bootstrap
 from spline_transformers.runner import reproduce
 from spline_transformers.results import load_learned, learned_zoo, stale_results, zoo_dir
 from spline_transformers.model import Nonlinearities
@@ -108,15 +108,50 @@ def test_paired_bootstrap_is_reproducible_and_paired():
     assert math.isclose(est, 0.2) and lo > 0
 
 
-def test_decide_says_reproduced_reversed_or_inconclusive():
-    seeds = pd.DataFrame({"arm": ["standard"] * 6 + ["fast"] * 6 + ["slow"] * 6 + ["same"] * 6, "seed": list(range(6)) * 4,
+def test_decide_says_one_of_four_verdicts():
+    seeds = pd.DataFrame({"arm": ["standard"] * 6 + ["fast"] * 6 + ["slow"] * 6 + ["same"] * 6 + ["noisy"] * 6, "seed": list(range(6)) * 5,
                           "steps": [400, 420, 500, 450, 480, 430] + [200, 210, 250, 220, 240, 215] + [800, 840, 1000, 900, 960, 860]
-                                   + [400, 420, 500, 450, 480, 430],
+                                   + [404, 420, 500, 450, 480, 434] + [200, 800, 300, 900, 480, 430],
                           "reached": True, "final_test": 0.9, "final_ood": np.nan})
+    seeds["restricted"] = seeds.steps
     assert decide(Verdict("fast"), seeds)["verdict"] == "reproduced"
     assert decide(Verdict("slow"), seeds)["verdict"] == "reversed"
-    assert decide(Verdict("same"), seeds)["verdict"] == "inconclusive"
+    assert decide(Verdict("same"), seeds)["verdict"] == "no effect"
+    assert decide(Verdict("noisy"), seeds)["verdict"] == "underpowered"
+    assert "ties" in decide(Verdict("same", statistic="final_test", above=0.0), seeds)["why"]   # every seed at 0.9 in both arms
+    censored = seeds.assign(reached=lambda d: d.arm.isin(["fast"]) & (d.seed < 2))
+    assert "censored" in decide(Verdict("fast"), censored)["why"]
     with pytest.raises(ValueError, match="arms"): decide(Verdict("missing"), seeds)
+
+
+def test_changing_one_line_of_the_statistic_makes_every_result_stale(tmp_path):
+    "The config hash covers the statistic's source: a copy of the package with one line of `decide` edited finds every committed result stale."
+    import shutil, subprocess, sys
+    import spline_transformers
+    pkg = Path(spline_transformers.__file__).parent
+    shutil.copytree(pkg, tmp_path / "spline_transformers", ignore=shutil.ignore_patterns("__pycache__", "*.so", "zoo", "live", "csrc"))
+    stats = tmp_path / "spline_transformers" / "stats.py"
+    src = stats.read_text(); line = '    if lo > v.above: return {**out, "verdict": "reproduced", "why": f"the interval lies above {v.above:g}"}'
+    assert line in src
+    stats.write_text(src.replace(line, line.replace("lo > v.above", "lo >= v.above")))
+    code = "from spline_transformers.results import stale_results; import sys; print(len(stale_results(sys.argv[1])))"
+    count = lambda path: int(subprocess.run([sys.executable, "-c", code, str(RESULTS)], env={**os.environ, "PYTHONPATH": str(path)},
+                                            capture_output=True, text=True, check=True).stdout.split()[-1])
+    assert count(tmp_path) == len(committed())   # every registered experiment's result is stale
+    assert count(pkg.parent) == 0
+
+
+def test_every_committed_result_was_decided_after_its_registration():
+    from spline_transformers.runner import registration
+    from spline_transformers.core import git_output
+    for n in committed():
+        reg = registration(n, RESULTS)
+        assert reg is not None, f"{n}: no registration of its configuration in results/registrations.json"
+        p = json.loads((RESULTS / n / "provenance.json").read_text())
+        decided = p.get("decided", p)["git_commit"]
+        if git_output("cat-file", "-t", reg["commit"]) == "commit" and git_output("cat-file", "-t", decided or "") == "commit":
+            base = git_output("merge-base", reg["commit"], decided)
+            assert base == reg["commit"], f"{n}: decided at {decided[:10]}, which is not at or after its registration {reg['commit'][:10]}"
 
 
 # ---------------------------------------------------------------- the committed results
@@ -137,7 +172,7 @@ def test_every_experiment_has_a_committed_cpu_result_with_provenance():
     for n in have:
         s = json.loads((RESULTS / n / "summary.json").read_text())
         p = json.loads((RESULTS / n / "provenance.json").read_text())
-        assert s["size"] == "cpu" and s["verdict"] in VERDICTS + ("not reproduced",), n
+        assert s["size"] == "cpu" and s["verdict"] in VERDICTS, n
         assert PROVENANCE_KEYS <= set(p), (n, PROVENANCE_KEYS - set(p))
         assert p["config_hash"] == s["config_hash"] == EXPERIMENTS[n].config_hash("cpu")
         assert (RESULTS / n / "metrics.csv").is_file()

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from spline_transformers.experiments import EXPERIMENTS, Arm, Experiment, Phase1Run, Verdict, register
+from spline_transformers.experiments import EXPERIMENTS, Arm, Experiment, Phase1Run, register
+from spline_transformers.stats import Verdict
 import spline_transformers.registry  # noqa: F401  (the book's experiments, which the tiny one is cut from)
 
 NAME = "tiny"
