@@ -36,7 +36,8 @@ from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
 from .experiments import EXPERIMENTS, SIZES
-from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, register_results, redecide
+from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, redecide
+from .experiments import register_results
 from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
 from .results import experiments_table
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,

@@ -9,17 +9,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'EXPERIMENTS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells', 'transfer_source',
-           'transfer_matrix_cells', 'file_transfer_cells', 'register', 'get_experiment', 'read_json', 'read_table']
+__all__ = ['SIZES', 'EXPERIMENTS', 'REGISTRATIONS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells',
+           'transfer_source', 'transfer_matrix_cells', 'file_transfer_cells', 'register', 'get_experiment', 'read_json',
+           'read_table', 'registrations', 'registration', 'check_registered', 'register_results']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import pandas as pd
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
-from .core import check_option, content_hash, tensor_digest
+from .core import atomic_write, check_option, content_hash, git_output, tensor_digest
 from .model import TransformerConfig
 from .tasks import TASKS
 from .corpora import CORPORA
@@ -272,3 +273,48 @@ def read_table(path:Path)->pd.DataFrame:
     try: return pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{path}: cannot be read as a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged or empty") from None
+
+# %% ../nbs/09_experiments.ipynb #5a1a02ea
+REGISTRATIONS = "registrations.json"  # in a results folder: the commit that registered each experiment's configuration
+
+def registrations(out:Union[str,Path]="results")->dict:
+    "The ledger of `out`: experiment -> list of entries (config_hash, size, commit, date, statistic); empty without one."
+    p = Path(out) / REGISTRATIONS
+    return read_json(p, "registrations ledger") if p.is_file() else {}
+
+def registration(name:str, out:Union[str,Path]="results", size:str="cpu")->Optional[dict]:
+    "The ledger entry of `name`'s current configuration at `size`, or None if it is not registered."
+    if name not in EXPERIMENTS: return None   # runner kinds (chapter 21's sweeps) decide nothing
+    h = EXPERIMENTS[name].config_hash(size)
+    return next((r for r in registrations(out).get(name, []) if r["config_hash"] == h and r["size"] == size), None)
+
+def check_registered(names:Sequence[str], out:Union[str,Path], size:str):
+    "Refuse in one line to run or decide a `cpu` experiment whose configuration a ledgered folder has not registered."
+    if size != "cpu" or not (Path(out) / REGISTRATIONS).is_file(): return
+    missing = [n for n in names if n in EXPERIMENTS and registration(n, out, size) is None]
+    if missing: raise ValueError(f"{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: its cpu configuration is not registered in "
+                                 f"{Path(out) / REGISTRATIONS}; commit the registry, then run `spline-transformers reproduce {' '.join(missing)} --register`")
+
+def register_results(
+    names:Union[str,Sequence[str]]="all", # experiments to register, or "all"
+    out:Union[str,Path]="results", # the results folder whose ledger records them
+    size:str="cpu", # the size registered
+    log:Optional[Callable]=print, # progress lines
+)->list:
+    "Record in `<out>/registrations.json` the commit that holds each experiment's current configuration (the source must be committed); returns the new entries."
+    names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
+    for n in names: get_experiment(n)
+    commit = git_output("rev-parse", "HEAD")
+    if not commit: raise ValueError("registration records a git commit: run it in the package's git checkout")
+    dirty = git_output("status", "--porcelain", "--untracked-files=no", "--", ".", "../nbs")
+    if dirty: raise ValueError(f"the package's source has uncommitted changes ({dirty.splitlines()[0].strip()}, ...); commit them first, so the registered commit holds the rules")
+    ledger, new = registrations(out), []
+    for n in names:
+        if registration(n, out, size): continue
+        e = {"config_hash": EXPERIMENTS[n].config_hash(size), "size": size, "commit": commit,
+             "date": git_output("log", "-1", "--format=%cI", commit), "statistic": statistic_source()}
+        ledger.setdefault(n, []).append(e); new.append({"experiment": n, **e})
+        if log: log(f"{n}: registered {e['config_hash']} at {commit[:10]} ({e['date']})")
+    if new: atomic_write(Path(out) / REGISTRATIONS, json.dumps(ledger, indent=1) + "\n")
+    return new
+

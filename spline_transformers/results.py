@@ -25,7 +25,8 @@ import torch
 from .core import atomic_write, check_option
 from .model import Nonlinearities
 from .experiments import EXPERIMENTS, cells, read_json, read_table
-from .runner import KINDS, kind_named, work_cells, registration
+from .runner import KINDS, kind_named, work_cells
+from .experiments import registration
 from . import registry  # the book's experiments, registered on import
 
 # %% ../nbs/09d_results.ipynb #caef28fc

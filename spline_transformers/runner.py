@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'REGISTRATIONS', 'KINDS', 'reproduce', 'result_state', 'check_run',
-           'check_cells', 'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells',
-           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
-           'summarise_transfer', 'registrations', 'registration', 'check_registered', 'register_results', 'redecide',
-           'Kind', 'register_kind', 'kind_named', 'get_work', 'kind_cells', 'work_cells', 'is_kind_cell',
-           'run_kind_cells', 'summarise_kind', 'result_headline', 'run_transfer']
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'reproduce', 'result_state', 'check_run', 'check_cells',
+           'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main',
+           'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
+           'summarise_transfer', 'redecide', 'Kind', 'register_kind', 'kind_named', 'get_work', 'kind_cells',
+           'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind', 'result_headline', 'run_transfer']
 
 # %% ../nbs/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -26,7 +25,7 @@ import pandas as pd
 import torch
 
 # %% ../nbs/09c_runner.ipynb #979a78a4
-from .core import (atomic_write, check_option, content_hash, provenance_record, git_output, remove_stale_temps, tensor_digest,
+from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
                                       model_device, resolve_device, sha256_hex, staged_folder, ChildProcess, FolderLock, FolderInUse)
 from .model import TransformerConfig, Nonlinearities, record_preactivations
 from .attention import record_scores
@@ -37,7 +36,7 @@ from .train import TrainConfig
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
                                            check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
 from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, get_experiment,
-                                             file_transfer_cells)
+                                             file_transfer_cells, check_registered)
 from .stats import per_seed, arm_table, decide, decide_diagonal, statistic_source
 from . import registry  # the book's experiments, registered on import
 
@@ -544,48 +543,6 @@ def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs
     return summary
 
 # %% ../nbs/09c_runner.ipynb #964a5851
-REGISTRATIONS = "registrations.json"  # in a results folder: the commit that registered each experiment's configuration
-
-def registrations(out:Union[str,Path]="results")->dict:
-    "The ledger of `out`: experiment -> list of entries (config_hash, size, commit, date, statistic); empty without one."
-    p = Path(out) / REGISTRATIONS
-    return read_json(p, "registrations ledger") if p.is_file() else {}
-
-def registration(name:str, out:Union[str,Path]="results", size:str="cpu")->Optional[dict]:
-    "The ledger entry of `name`'s current configuration at `size`, or None if it is not registered."
-    h = get_work(name).config_hash(size)
-    return next((r for r in registrations(out).get(name, []) if r["config_hash"] == h and r["size"] == size), None)
-
-def check_registered(names:Sequence[str], out:Union[str,Path], size:str):
-    "Refuse in one line to run or decide a `cpu` experiment whose configuration a ledgered folder has not registered."
-    if size != "cpu" or not (Path(out) / REGISTRATIONS).is_file(): return
-    missing = [n for n in names if n in EXPERIMENTS and registration(n, out, size) is None]
-    if missing: raise ValueError(f"{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: its cpu configuration is not registered in "
-                                 f"{Path(out) / REGISTRATIONS}; commit the registry, then run `spline-transformers reproduce {' '.join(missing)} --register`")
-
-def register_results(
-    names:Union[str,Sequence[str]]="all", # experiments to register, or "all"
-    out:Union[str,Path]="results", # the results folder whose ledger records them
-    size:str="cpu", # the size registered
-    log:Optional[Callable]=print, # progress lines
-)->list:
-    "Record in `<out>/registrations.json` the commit that holds each experiment's current configuration (the source must be committed); returns the new entries."
-    names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
-    for n in names: get_experiment(n)
-    commit = git_output("rev-parse", "HEAD")
-    if not commit: raise ValueError("registration records a git commit: run it in the package's git checkout")
-    dirty = git_output("status", "--porcelain", "--untracked-files=no", "--", ".", "../nbs")
-    if dirty: raise ValueError(f"the package's source has uncommitted changes ({dirty.splitlines()[0].strip()}, ...); commit them first, so the registered commit holds the rules")
-    ledger, new = registrations(out), []
-    for n in names:
-        if registration(n, out, size): continue
-        e = {"config_hash": EXPERIMENTS[n].config_hash(size), "size": size, "commit": commit,
-             "date": git_output("log", "-1", "--format=%cI", commit), "statistic": statistic_source()}
-        ledger.setdefault(n, []).append(e); new.append({"experiment": n, **e})
-        if log: log(f"{n}: registered {e['config_hash']} at {commit[:10]} ({e['date']})")
-    if new: atomic_write(Path(out) / REGISTRATIONS, json.dumps(ledger, indent=1) + "\n")
-    return new
-
 def redecide(
     name:str, # a registered experiment with a result in `out`
     out:Union[str,Path]="results", # the results folder

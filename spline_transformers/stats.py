@@ -58,10 +58,9 @@ class Verdict:
     def rule(self)->str:
         "The rule in words."
         if self.statistic == "diagonal":
-            return (f"among the informative target tasks (whose rows' median final accuracies differ by more than {self.margin:g}), reproduced if the "
-                    f"splines learned on the task itself give the highest median final test accuracy among the learned rows in at least {self.above:.0%} "
-                    f"of them (ties count for the diagonal); reversed if in none; underpowered otherwise, with fewer than {MIN_SEEDS} seeds per cell, "
-                    "or with no informative target")
+            return (f"reproduced if the splines learned on a task give the highest median final test accuracy among the learned rows (ties count "
+                    f"for the diagonal) in at least {self.above:.0%} of the informative target tasks (those whose rows' medians differ by more than "
+                    f"{self.margin:g}); reversed if in none; underpowered otherwise, with fewer than {MIN_SEEDS} seeds per cell, or with no informative target")
         lo, hi = self.no_effect_band
         what = (f"the geometric-mean speed-up of {self.arm!r} over {self.reference!r} in steps to threshold (a seed that never reaches it counts "
                 f"as one evaluation past the budget)" if self.statistic == "speedup"

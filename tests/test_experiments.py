@@ -129,14 +129,14 @@ def test_changing_one_line_of_the_statistic_makes_every_result_stale(tmp_path):
     import shutil, subprocess, sys
     import spline_transformers
     pkg = Path(spline_transformers.__file__).parent
-    shutil.copytree(pkg, tmp_path / "spline_transformers", ignore=shutil.ignore_patterns("__pycache__", "*.so", "zoo", "live", "csrc"))
+    shutil.copytree(pkg, tmp_path / "spline_transformers", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     stats = tmp_path / "spline_transformers" / "stats.py"
     src = stats.read_text(); line = '    if lo > v.above: return {**out, "verdict": "reproduced", "why": f"the interval lies above {v.above:g}"}'
     assert line in src
     stats.write_text(src.replace(line, line.replace("lo > v.above", "lo >= v.above")))
     code = "from spline_transformers.results import stale_results; import sys; print(len(stale_results(sys.argv[1])))"
-    count = lambda path: int(subprocess.run([sys.executable, "-c", code, str(RESULTS)], env={**os.environ, "PYTHONPATH": str(path)},
-                                            capture_output=True, text=True, check=True).stdout.split()[-1])
+    count = lambda path: int(subprocess.run([sys.executable, "-c", code, str(RESULTS)], env={**os.environ, "PYTHONPATH": str(path)}, cwd=path,
+                                            capture_output=True, text=True, check=True).stdout.split()[-1])   # cwd: `-c` puts it first on sys.path
     assert count(tmp_path) == len(committed())   # every registered experiment's result is stale
     assert count(pkg.parent) == 0
 
