@@ -757,8 +757,8 @@ _PAGE_JS = r"""  // the page's side: click to add a token or a target, drag to m
       var moved = false;
       (gd.layout.shapes || []).forEach(function(sh, i) {
         var it = s.items[i]; if (!it) return;
-        var x = Math.round(Number(sh.xanchor) * 100) / 100, y = Math.round(Number(sh.yanchor) * 100) / 100;
-        if (x !== it.x || y !== it.y) { it.x = x; it.y = y; moved = true; }
+        var x = Number(sh.xanchor), y = Number(sh.yanchor);
+        if (Math.abs(x - it.x) > 1e-9 || Math.abs(y - it.y) > 1e-9) { it.x = Math.round(x * 100) / 100; it.y = Math.round(y * 100) / 100; moved = true; }
       });
       if (moved) say(pid, 'ready', 'moved; press build');
     });
@@ -845,7 +845,8 @@ def construction_page_html(
     fig = construction_figure(items)
     spec = dict(items=items, colors=list(PLAYGROUND_COLORS), box=PLAYGROUND_BOX + 0.2, frame_ms=frame_ms, title=fig.layout.title.text)
     div = pio.to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False, config=PLAYGROUND_CONFIG,
-                      post_script="window.stConstruct.register('{plot_id}', %s);" % json.dumps(spec))
+                      post_script=("(function(f) { if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', f); else f(); })"   # after the controls below the figure
+                                   "(function() { window.stConstruct.register('{plot_id}', %s); });" % json.dumps(spec)))
     pid = div.split('id="', 1)[1].split('"', 1)[0]
     slots = "".join(f"<option value='{j}' style='color:{c}'>sequence {j}</option>" for j, c in enumerate(PLAYGROUND_COLORS))
     lib = ("<script>(function() {\n  if (window.stConstruct) return;   // once per page\n" + CONSTRUCTION_JS + _PAGE_JS
@@ -925,7 +926,8 @@ def move(self:ConstructionPlayground, i:int, x:float, y:float):
 def _on_shapes(self:ConstructionPlayground, layout, shapes):
     if self._quiet or self.result is not None: return
     for it, s in zip(self.items, shapes):
-        if s.xanchor is not None: it["x"], it["y"] = round(float(s.xanchor), 2), round(float(s.yanchor), 2)
+        if s.xanchor is not None and max(abs(float(s.xanchor) - it["x"]), abs(float(s.yanchor) - it["y"])) > 1e-9:   # moved: to 0.01
+            it["x"], it["y"] = round(float(s.xanchor), 2), round(float(s.yanchor), 2)
 
 @patch
 def undo(self:ConstructionPlayground):
