@@ -756,7 +756,8 @@ def interpolate(self:_Builder):
     hit = _min_cross_distance(P.numpy(), np.asarray(targets))
     if not hit > self.tol:   # the leaders and sphere points were placed away from every target
         raise ConstructionError("an output point that has not been moved yet coincides with a target")
-    order = np.argsort(-np.linalg.norm(P.numpy(), axis=1), kind="stable")   # farthest first (see below)
+    far = np.round(np.linalg.norm(P.numpy(), axis=1) / self.tol)   # norms equal within tol (the sphere's points) tie exactly
+    order = np.argsort(-far, kind="stable")   # farthest first, ties in order (see below)
     for r in order:
         Pn, y = P.numpy(), targets[r]
         u, s, delta = self.one_sided_direction(Pn, r, pool)

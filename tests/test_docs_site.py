@@ -253,3 +253,26 @@ def test_live_editors_answer_on_the_site(site, browser):
             assert not errors and not console, (name, errors, console)
             assert not outside, (name, outside)
             page.context.close()
+
+
+def test_construction_runs_on_the_site(site, browser):
+    """Issue 28 (2): with no kernel, the playground of chapter 21 builds the hardmax interpolator for its data when **build**
+    is pressed, and its block count, formula and every token's end (within 1e-6) are the library's for the dataset the page
+    used (`test_construction_page.check_against_library`); no request leaves 127.0.0.1, no console error."""
+    from browser import console_errors
+    from test_construction_page import playground_ids, build_in_page, check_against_library
+    name = "interpolation_theory.html"
+    assert "stConstruct.register(" in (site / name).read_text()
+    with serve(site) as base:
+        page, errors, outside = open_page(browser, f"{base}/{name}", viewport=DESKTOP)
+        console = console_errors(page)
+        page.reload()
+        page.wait_for_function("() => window.stConstruct && Object.keys(window.stConstruct.specs).length > 0", timeout=60_000)
+        ids = playground_ids(page)
+        assert len(ids) == 1, ids
+        T = check_against_library(build_in_page(page, ids[0]))
+        assert T.n_blocks == 15
+        if SHOTS: page.screenshot(path=str(Path(SHOTS) / "site_construction.png"), full_page=False)
+        assert not errors and not console, (errors, console)
+        assert not outside, outside
+        page.context.close()
