@@ -260,18 +260,35 @@ def _check_after_run_all(page, editors=(), player=False):
     assert not stray, f"figures under cells that show none: {stray}"
 
 
-def _resize_keeps_heights(page):
-    "(5) resize the notebook area (sidebar and log console): no figure changes height."
-    heights = _plot_heights(page)
+def _resize_keeps_heights(page, focus=None):
+    "(5) resize the notebook area with the mouse, as a reader does: the Log Console opened from the View menu (below the"
+    " notebook), the sidebar hidden and shown again (its tab clicked), the console closed. After each step every figure"
+    " keeps its height, and no figure is drawn in no room (plotly logs 'Infinity' errors). `focus`: a cell to scroll to first."
+    if focus is not None:
+        page.evaluate(f"() => ({JS_CELL})({json.dumps(focus)}).scrollIntoView({{block: 'center'}})")
+        page.wait_for_timeout(500)
+    heights, n_console = _plot_heights(page), len(CONSOLE)
     assert min(heights) >= 250, heights
-    close_down = "() => { for (const w of [...window.jupyterapp.shell.widgets('down')]) w.close(); }"
-    for js in ("() => window.jupyterapp.commands.execute('application:toggle-left-area')",
-               "() => window.jupyterapp.commands.execute('logconsole:open')",          # the Log Console, below
-               "() => window.jupyterapp.commands.execute('application:toggle-left-area')", close_down,
-               "() => window.jupyterapp.commands.execute('logconsole:open')", close_down):
-        page.evaluate(js)
+    tab = ".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']"
+    def menu(item):
+        page.locator(".lm-MenuBar-itemLabel", has_text="View").click()
+        page.locator(".lm-Menu-itemLabel", has_text=item).click()
+    steps = (("the Log Console opened", lambda: menu("Show Log Console")),
+             ("the sidebar hidden", lambda: page.locator(tab).click()),
+             ("the sidebar shown", lambda: page.locator(tab).click()),
+             ("the Log Console closed", lambda: page.locator("#jp-down-stack .lm-TabBar-tabCloseIcon").click()))
+    for what, act in steps:
+        act()
         page.wait_for_timeout(1500)
-    assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
+        now = _plot_heights(page)
+        assert now == heights, f"after {what}, heights changed: {heights} -> {now}"
+        if what == "the Log Console opened": widths = _plot_widths(page)
+        if what == "the sidebar hidden":                 # the figures still follow the notebook's width
+            wider = _plot_widths(page)
+            assert all(b > a + 100 for a, b in zip(widths, wider)), f"the sidebar hidden, widths {widths} -> {wider}"
+    assert page.evaluate("() => [...window.jupyterapp.shell.widgets('down')].length") == 0, "the Log Console is still open"
+    drawn_in_no_room = [m for m in CONSOLE[n_console:] if "Infinity" in m]
+    assert not drawn_in_no_room, f"figures drawn in no room on a resize: {drawn_in_no_room[:3]} ({len(drawn_in_no_room)} errors)"
 
 
 def _nothing_went_wrong(page, errors, console, outside):
@@ -294,6 +311,10 @@ def _open_lab_page(browser, url):
 
 def _plot_heights(page):
     return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().height))")
+
+
+def _plot_widths(page):
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().width))")
 
 
 def test_editor_chapter_live_in_jupyterlab(browser, quiet_cores):
@@ -369,6 +390,7 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
         page, outside, errors, console = _open_lab_page(browser, url)
         _run_all(page)
         _check_after_run_all(page, player=True)
+        _resize_keeps_heights(page, focus="AnimationOutput(anim3)")             # (5) the figures as first drawn
 
         # (2) reload the page with the kernel alive: the monitors come back with every point the kernel holds
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
