@@ -27,8 +27,9 @@ class BookRenderer(MimetypeRenderer):
         html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
                            config=self.config, validate=False, auto_play=False)   # animations wait for Play
         fig = json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False))
+        lab = {k: v for k, v in self.config.items() if k != "responsive"}   # JupyterLab's renderer resizes it itself
         return {"application/vnd.plotly.v1+json": {"data": fig["data"], "layout": fig.get("layout", {}),
-                                                   "frames": fig.get("frames", []), "config": self.config},
+                                                   "frames": fig.get("frames", []), "config": lab},
                 "text/html": html}
 
 # %% ../nbs/00_viz.ipynb #75ec2201

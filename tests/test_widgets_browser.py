@@ -2,7 +2,8 @@
 Run All, press buttons and drag knots with the mouse, move a slider, pick from a drop-down, reload the page, resize the
 notebook area, Play and Pause the collapse player, Run All again. After each action every figure (curve points, knot circles, marker, titles,
 effect panel) must show what the kernel holds; no edit may appear that the cells did not make; no figure may change
-height; no console error, kernel traceback or warning; no request leaves the machine. Also the offline (static-site) editor: drag a knot in a plain HTML page."""
+height; no console error, kernel traceback or warning; no request leaves the machine. Chapter 8's demo cell runs in
+JupyterLab to its end, its Phase II arms in two processes. Also the offline (static-site) editor: drag a knot in a plain HTML page."""
 import contextlib, json, os, secrets, shutil, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
@@ -15,6 +16,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]
 EDITOR_CHAPTER = ROOT / "nbs" / "10a_editor.ipynb"   # the spline editors
 WIDGETS_CHAPTER = ROOT / "nbs" / "30_widgets.ipynb"  # the collapse player and the training monitors
+TWO_PHASE_CHAPTER = ROOT / "nbs" / "08_two_phase.ipynb"   # its `#| slow` demo cell runs the Phase II arms in two processes
 
 LAB_CONFIG = {"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                          "extension_manager": "readonly", "expose_app_in_browser": True},
@@ -260,18 +262,35 @@ def _check_after_run_all(page, editors=(), player=False):
     assert not stray, f"figures under cells that show none: {stray}"
 
 
-def _resize_keeps_heights(page):
-    "(5) resize the notebook area (sidebar and log console): no figure changes height."
-    heights = _plot_heights(page)
+def _resize_keeps_heights(page, focus=None):
+    "(5) resize the notebook area with the mouse, as a reader does: the Log Console opened from the View menu (below the"
+    " notebook), the sidebar hidden and shown again (its tab clicked), the console closed. After each step every figure"
+    " keeps its height, and no figure is drawn in no room (plotly logs 'Infinity' errors). `focus`: a cell to scroll to first."
+    if focus is not None:
+        page.evaluate(f"() => ({JS_CELL})({json.dumps(focus)}).scrollIntoView({{block: 'center'}})")
+        page.wait_for_timeout(500)
+    heights, n_console = _plot_heights(page), len(CONSOLE)
     assert min(heights) >= 250, heights
-    close_down = "() => { for (const w of [...window.jupyterapp.shell.widgets('down')]) w.close(); }"
-    for js in ("() => window.jupyterapp.commands.execute('application:toggle-left-area')",
-               "() => window.jupyterapp.commands.execute('logconsole:open')",          # the Log Console, below
-               "() => window.jupyterapp.commands.execute('application:toggle-left-area')", close_down,
-               "() => window.jupyterapp.commands.execute('logconsole:open')", close_down):
-        page.evaluate(js)
+    tab = ".jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id='filebrowser']"
+    def menu(item):
+        page.locator(".lm-MenuBar-itemLabel", has_text="View").click()
+        page.locator(".lm-Menu-itemLabel", has_text=item).click()
+    steps = (("the Log Console opened", lambda: menu("Show Log Console")),
+             ("the sidebar hidden", lambda: page.locator(tab).click()),
+             ("the sidebar shown", lambda: page.locator(tab).click()),
+             ("the Log Console closed", lambda: page.locator("#jp-down-stack .lm-TabBar-tabCloseIcon").click()))
+    for what, act in steps:
+        act()
         page.wait_for_timeout(1500)
-    assert _plot_heights(page) == heights, f"heights changed on a resize: {heights} -> {_plot_heights(page)}"
+        now = _plot_heights(page)
+        assert now == heights, f"after {what}, heights changed: {heights} -> {now}"
+        if what == "the Log Console opened": widths = _plot_widths(page)
+        if what == "the sidebar hidden":                 # the figures still follow the notebook's width
+            wider = _plot_widths(page)
+            assert all(b > a + 100 for a, b in zip(widths, wider)), f"the sidebar hidden, widths {widths} -> {wider}"
+    assert page.evaluate("() => [...window.jupyterapp.shell.widgets('down')].length") == 0, "the Log Console is still open"
+    drawn_in_no_room = [m for m in CONSOLE[n_console:] if "Infinity" in m]
+    assert not drawn_in_no_room, f"figures drawn in no room on a resize: {drawn_in_no_room[:3]} ({len(drawn_in_no_room)} errors)"
 
 
 def _nothing_went_wrong(page, errors, console, outside):
@@ -294,6 +313,10 @@ def _open_lab_page(browser, url):
 
 def _plot_heights(page):
     return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().height))")
+
+
+def _plot_widths(page):
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map(g => Math.round(g.getBoundingClientRect().width))")
 
 
 def test_editor_chapter_live_in_jupyterlab(browser, quiet_cores):
@@ -369,6 +392,7 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
         page, outside, errors, console = _open_lab_page(browser, url)
         _run_all(page)
         _check_after_run_all(page, player=True)
+        _resize_keeps_heights(page, focus="AnimationOutput(anim3)")             # (5) the figures as first drawn
 
         # (2) reload the page with the kernel alive: the monitors come back with every point the kernel holds
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -405,6 +429,57 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
             _check_after_run_all(page, player=True)
         _nothing_went_wrong(page, errors, console, outside)                      # (3)
         page.context.close()
+
+
+DEMO_CELL = 'demo = run_demo(demo_config("cpu"), log=print)'
+
+
+def test_two_phase_demo_runs_in_jupyterlab(browser, quiet_cores, tmp_path):
+    "Chapter 8's `#| slow` demo cell, run in JupyterLab to its end: `DemoConfig` and `run_demo` are the notebook's own"
+    " (classes of the kernel's __main__, which the arms' processes cannot import: they once failed to unpickle one), and"
+    " the two Phase II arms run in two processes. The chapter's definitions run first (its cells up to its example), and"
+    " `demo_config` is made to give the quick demo's sizes, cut to one seed and a few steps (seconds, not minutes)."
+    cells = json.loads(TWO_PHASE_CHAPTER.read_text())["cells"]
+    example = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and "".join(c["source"]).startswith("## Example"))
+    demo = next(c for c in cells if c["cell_type"] == "code" and DEMO_CELL in "".join(c["source"]))
+    keep = [c for c in cells[:example] if not "".join(c["source"]).startswith(("#| slow", "#| gpu"))] + [demo]
+    nb = tmp_path / TWO_PHASE_CHAPTER.name
+    nb.write_text(json.dumps({**json.loads(TWO_PHASE_CHAPTER.read_text()), "cells": keep}))
+    with jupyterlab(nb) as url:
+        page, outside, errors, console = _open_lab_page(browser, url)
+        last = len(keep) - 1
+        page.evaluate(f"() => {{ ({JS_NB})().content.activeCellIndex = {last}; "
+                      "return window.jupyterapp.commands.execute('notebook:run-all-above'); }")
+        page.wait_for_function(f"""() => {{ const w = ({JS_NB})(), cells = w.content.widgets.slice(0, {last}).filter(c => c.model.type === 'code');
+            return cells.some(c => c.model.outputs.toJSON().some(o => o.output_type === 'error')) ||
+                   (cells.every(c => c.model.executionCount) && w.sessionContext.kernelDisplayStatus === 'idle'); }}""",
+                               timeout=120_000, polling=500)
+        assert not _cell_outputs(page, slice(0, last), "error"), _cell_outputs(page, slice(0, last), "error")
+        _kernel(page, "from dataclasses import replace as _r; _q = quick_demo_config('cpu')\n"
+                      "_q = _r(_q, seeds=(0,), train=_r(_q.train, steps=20, eval_every=10), "
+                      "phase1_train=_r(_q.phase1_train, steps=10, warmup=5, eval_every=5))\n"
+                      "demo_config = lambda device='cpu', **kw: _r(_q, **kw)")
+        page.evaluate(f"() => {{ ({JS_NB})().content.activeCellIndex = {last}; "
+                      "return window.jupyterapp.commands.execute('notebook:run-cell'); }")
+        page.wait_for_function(f"() => {{ const w = ({JS_NB})(), c = w.content.widgets[{last}]; return c.model.executionCount && "
+                               "w.sessionContext.kernelDisplayStatus === 'idle'; }", timeout=120_000, polling=500)
+        outs = _cell_outputs(page, last)
+        assert not [o for o in outs if o["output_type"] == "error" or o.get("name") == "stderr"], outs
+        printed = "".join(o.get("text", "") for o in outs if o["output_type"] == "stream")
+        assert "(the arms in two processes)" in printed and "(in parallel)" in printed, printed
+        table = [o for o in outs if o["output_type"] == "execute_result"]
+        assert table and "speedup" in table[0]["data"]["text/plain"] and "learned" in table[0]["data"]["text/plain"], outs
+        assert _kjson(page, "[type(demo.config).__module__, demo.timings['phase2_processes']]") == ["__main__", 2]
+        _nothing_went_wrong(page, errors, console, outside)
+        page.context.close()
+
+
+def _cell_outputs(page, i, kind=None):
+    "The outputs (nbformat JSON) of code cell number `i` (or the cells of a slice) of the notebook, of type `kind` if given."
+    sl = (i.start or 0, i.stop) if isinstance(i, slice) else (i, i + 1)
+    outs = page.evaluate(f"() => ({JS_NB})().content.widgets.slice({sl[0]}, {sl[1]}).filter(c => c.model.type === 'code')"
+                         ".flatMap(c => c.model.outputs.toJSON())")
+    return [o for o in outs if kind is None or o["output_type"] == kind]
 
 
 def test_static_editor_drags_offline(browser, tmp_path):
