@@ -323,3 +323,27 @@ def test_a_stale_result_says_so(tmp_path):
     assert "--overwrite" in r["stale"]
     f = findings_table(out).set_index("experiment")
     assert "stale" in f.loc["add", "ours"]
+
+
+# ---------------------------------------------------------------- registration before the run (issue 26)
+def test_an_unregistered_cpu_run_is_refused_in_a_ledgered_folder(tiny, tmp_path):
+    (tmp_path / "registrations.json").write_text("{}")   # a results folder that keeps a ledger, with nothing registered
+    with pytest.raises(ValueError, match="not registered"): reproduce(NAME, "cpu", out=tmp_path, log=None)
+    assert not (tmp_path / ".cells").exists()   # refused before anything was written
+
+
+def test_redecide_decides_a_committed_result_again_and_refuses_other_cells(tmp_path):
+    from spline_transformers.runner import redecide
+    results = Path(__file__).parents[1] / "results"
+    shutil.copytree(results / "add", tmp_path / "add"); shutil.copy(results / "registrations.json", tmp_path)
+    before = json.loads((tmp_path / "add" / "summary.json").read_text())
+    after = redecide("add", tmp_path, command="test")
+    assert [v["verdict"] for v in after["verdicts"]] == [v["verdict"] for v in before["verdicts"]]
+    assert [round(v["estimate"], 9) for v in after["verdicts"]] == [round(v["estimate"], 9) for v in before["verdicts"]]
+    assert json.loads((tmp_path / "add" / "provenance.json").read_text())["decided"]["command"] == "test"
+    s = json.loads((tmp_path / "add" / "summary.json").read_text()); s["cells_hash"] = "0" * 16
+    (tmp_path / "add" / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(ValueError, match="other cells"): redecide("add", tmp_path)
+    s["cells_hash"] = before["cells_hash"]; (tmp_path / "add" / "summary.json").write_text(json.dumps(s))
+    m = pd.read_csv(tmp_path / "add" / "metrics.csv"); m[m.seed != 9].to_csv(tmp_path / "add" / "metrics.csv", index=False)
+    with pytest.raises(ValueError, match="arms and seeds"): redecide("add", tmp_path)
