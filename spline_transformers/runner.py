@@ -518,14 +518,14 @@ def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1
 
 def _transfer_decisions(exp:Experiment, size:str, metrics:pd.DataFrame)->dict:
     "The decided part of a transfer matrix's summary: config hash, the diagonal verdict, the matrices and the per-seed table."
-    tables = [per_seed(g.drop(columns="target"), EXPERIMENTS[t].setting(size).threshold, EXPERIMENTS[t].setting(size).metric).assign(target=t)
-              for t, g in metrics.groupby("target", sort=False)]
+    seeds = pd.concat([per_seed(g.drop(columns="target"), EXPERIMENTS[t].setting(size).threshold, EXPERIMENTS[t].setting(size).metric).assign(target=t)
+              for t, g in metrics.groupby("target", sort=False)], ignore_index=True)
     tm = assemble_transfer([metrics], {t: EXPERIMENTS[t].setting(size).threshold for t in exp.targets},
                            {t: EXPERIMENTS[t].setting(size).metric for t in exp.targets}, rows=["standard"] + list(exp.row_sources), targets=exp.targets)
-    verdict = decide_diagonal(exp.verdicts[0], tm.final_id, len(exp.setting(size).seeds))
+    verdict = decide_diagonal(exp.verdicts[0], tm.final_id, seeds)
     mat = lambda df: {r: {c: df.loc[r, c] for c in df.columns} for r in df.index}
     return {"config_hash": exp.config_hash(size), "verdict": verdict["verdict"], "verdicts": [verdict], "final_test": mat(tm.final_id),
-            "median_steps": mat(tm.median_steps), "speedup": mat(tm.speedup), "per_seed": pd.concat(tables, ignore_index=True).to_dict("records")}
+            "median_steps": mat(tm.median_steps), "speedup": mat(tm.speedup), "per_seed": seeds.to_dict("records")}
 
 def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jobs:int, command:Optional[str])->dict:
     metrics = []

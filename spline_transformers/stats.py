@@ -58,9 +58,10 @@ class Verdict:
     def rule(self)->str:
         "The rule in words."
         if self.statistic == "diagonal":
-            return (f"reproduced if the splines learned on a task give the highest median final test accuracy among the learned rows (ties count "
-                    f"for the diagonal) in at least {self.above:.0%} of the informative target tasks (those whose rows' medians differ by more than "
-                    f"{self.margin:g}); reversed if in none; underpowered otherwise, with fewer than {MIN_SEEDS} seeds per cell, or with no informative target")
+            return (f"reproduced if, in at least {self.above:.0%} of the informative target tasks (those whose rows' median final test accuracies "
+                    f"differ by more than {self.margin:g}), the paired t {self.confidence:.0%} interval of the diagonal row's final test accuracy minus "
+                    f"its strongest rival's (the best other learned row) lies above 0; reversed if in as many it lies below 0; no effect if every "
+                    f"informative target ties within ±{self.margin:g}; underpowered otherwise, with fewer than {MIN_SEEDS} seeds per cell, or with no informative target")
         lo, hi = self.no_effect_band
         what = (f"the geometric-mean speed-up of {self.arm!r} over {self.reference!r} in steps to threshold (a seed that never reaches it counts "
                 f"as one evaluation past the budget)" if self.statistic == "speedup"
@@ -182,25 +183,45 @@ def decide(
     return {**out, "why": f"the interval [{lo:.4g}, {hi:.4g}] crosses {v.above:g} and leaves the margin [{band[0]:.4g}, {band[1]:.4g}]"}
 
 # %% ../nbs/08a_stats.ipynb #281a7f62
+def _diagonal_column(v:Verdict, learned:pd.DataFrame, seeds:pd.DataFrame, t:str)->Optional[dict]:
+    "One column of a transfer matrix: the diagonal row against its strongest rival by a paired t interval on final test accuracy."
+    others = learned[t].drop(index=t, errors="ignore")
+    if t not in learned.index or others.empty: return None
+    rival = others.idxmax(); g = seeds[seeds.target == t]
+    diag, riv = (g[g.arm == x].set_index("seed").final_test.dropna() for x in (t, rival))
+    both = sorted(set(diag.index) & set(riv.index))
+    col = {"rival": rival, "seeds": len(both), "estimate": math.nan, "low": math.nan, "high": math.nan, "outcome": "underpowered"}
+    if len(both) < 2: return col
+    est, lo, hi = paired_interval(riv[both].to_numpy(float), diag[both].to_numpy(float), "final_test", v.confidence)
+    col.update(estimate=est, low=lo, high=hi)
+    if len(both) >= MIN_SEEDS and not np.array_equal(riv[both].to_numpy(), diag[both].to_numpy()):
+        col["outcome"] = "diagonal" if lo > 0 else "rival" if hi < 0 else "tie" if -v.margin <= lo and hi <= v.margin else "underpowered"
+    return col
+
 def decide_diagonal(
     v:Verdict, # the rule (statistic "diagonal"; `above` is the share of informative targets needed)
     final:pd.DataFrame, # median final test accuracy: rows "standard" and the learned sources, columns the target tasks
-    seeds:int, # seeds per cell
+    seeds:pd.DataFrame, # per-seed table of every cell (`per_seed` columns plus `target`; `arm` names the row)
 )->dict:
-    "Apply a transfer matrix's rule: which targets are informative, where the diagonal is best, and the verdict."
+    "Apply a transfer matrix's rule: which targets are informative, each column's paired comparison, and the verdict."
     if v.statistic != "diagonal": raise ValueError(f"decide_diagonal decides a 'diagonal' verdict; this one's statistic is {v.statistic!r} (use `decide`)")
     learned = final.drop(index="standard", errors="ignore")
     informative = {t: bool(final[t].max() - final[t].min() > v.margin) for t in final.columns}
     best = {t: bool(t in learned.index and learned.loc[t, t] >= learned[t].max() - 1e-12) for t in final.columns}
-    used = [t for t in final.columns if informative[t]]
-    frac = float(np.mean([best[t] for t in used])) if used else math.nan
-    out = {"arm": "diagonal", "reference": "other learned rows", "statistic": "diagonal", "estimate": frac, "low": math.nan, "high": math.nan,
-           "seeds": int(seeds), "verdict": "underpowered", "rule": v.rule, "diagonal_best": best, "informative": informative}
-    if seeds < MIN_SEEDS: return {**out, "why": f"{seeds} seeds per cell, fewer than {MIN_SEEDS}"}
+    columns = {t: c for t in final.columns if (c := _diagonal_column(v, learned, seeds, t)) is not None}
+    used = [t for t in columns if informative[t]]
+    share = lambda what: float(np.mean([columns[t]["outcome"] == what for t in used])) if used else math.nan
+    n = min((c["seeds"] for c in columns.values()), default=0)
+    out = {"arm": "diagonal", "reference": "strongest other learned row", "statistic": "diagonal",
+           "estimate": float(np.mean([best[t] for t in used])) if used else math.nan, "low": math.nan, "high": math.nan,
+           "seeds": n, "verdict": "underpowered", "rule": v.rule, "diagonal_best": best, "informative": informative, "columns": columns}
+    if n < MIN_SEEDS: return {**out, "why": f"{n} seeds per cell, fewer than {MIN_SEEDS}"}
     if not used: return {**out, "why": "no informative target: in every column all rows sit within the margin (a ceiling or a floor)"}
-    if frac >= v.above: return {**out, "verdict": "reproduced", "why": f"the diagonal is best in {frac:.0%} of {len(used)} informative targets"}
-    if frac == 0: return {**out, "verdict": "reversed", "why": f"the diagonal is best in none of {len(used)} informative targets"}
-    return {**out, "why": f"the diagonal is best in {frac:.0%} of {len(used)} informative targets, fewer than {v.above:.0%}"}
+    won = f"the diagonal wins {share('diagonal'):.0%}, its rival {share('rival'):.0%} of {len(used)} informative targets"
+    if share("diagonal") >= v.above: return {**out, "verdict": "reproduced", "why": won}
+    if share("rival") >= v.above: return {**out, "verdict": "reversed", "why": won}
+    if share("tie") == 1: return {**out, "verdict": "no effect", "why": f"every informative target ties within ±{v.margin:g}"}
+    return {**out, "why": won + f", fewer than {v.above:.0%} either way"}
 
 # %% ../nbs/08a_stats.ipynb #43426b78
 def _lower_median(x:np.ndarray)->np.ndarray:
@@ -356,7 +377,7 @@ class Power:
         return seeds_for_power(v.effect, self.sd, v.statistic, self.power, v.confidence)
 
 # %% ../nbs/08a_stats.ipynb #400f560b
-STATISTIC_CODE = ("Verdict", "per_seed", "_t_central", "t_quantile", "paired_interval", "decide", "decide_diagonal")  # what decides a verdict
+STATISTIC_CODE = ("Verdict", "per_seed", "_t_central", "t_quantile", "paired_interval", "decide", "_diagonal_column", "decide_diagonal")  # what decides a verdict
 
 def statistic_source()->str:
     "A hash of the source of the code that turns metrics into verdicts (`STATISTIC_CODE`, `steps_to_threshold` and the rule's constants)."
