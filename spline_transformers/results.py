@@ -133,10 +133,10 @@ def arms_frame(result:dict)->pd.DataFrame:
     return out
 
 def verdicts_frame(result:dict)->pd.DataFrame:
-    "Each verdict of a result: what it compares, the estimate, its 95% interval, the verdict."
+    "Each verdict of a result: what it compares, the estimate, its 95% interval (— where the rule has none), the verdict."
     rows = []
     for v in result["summary"]["verdicts"]:
-        fmt = lambda x: "∞" if x is None else f"{x:.3g}"
+        fmt = lambda x: "—" if x is None or x != x else f"{x:.3g}"   # no value (null or NaN): a transfer matrix's interval, too few seeds
         rows.append({"compares": f"{v['arm']} vs {v['reference']}", "statistic": v["statistic"], "estimate": fmt(v["estimate"]),
                      "95% interval": f"[{fmt(v['low'])}, {fmt(v['high'])}]", "seeds": v["seeds"], "verdict": v["verdict"]})
     return pd.DataFrame(rows)
@@ -307,7 +307,7 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
         if not f.is_file():
             rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": "not run yet", "verdict": "", "chapter": e.chapter}); continue
         s = read_json(f, "summary"); v = s["verdicts"][0]
-        fmt = lambda x: "∞" if x is None else f"{x:.3g}"
+        fmt = lambda x: "—" if x is None or x != x else f"{x:.3g}"
         ours = (f"{v['statistic']} {fmt(v['estimate'])} [{fmt(v['low'])}, {fmt(v['high'])}]" if v["statistic"] != "diagonal"
                 else f"diagonal best in {v['estimate']:.0%} of targets")
         if _staleness(s, root): ours += " (stale: the experiment's configuration changed after this run)"
