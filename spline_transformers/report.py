@@ -294,23 +294,23 @@ def chapter_page(
     "The page of a chapter on the site: its notebook's name without the number (`11_add` → `add.html`)."
     return re.sub(r"^[0-9]+[a-z]?_", "", chapter) + ".html"
 
-def _x(v)->float: return math.inf if v is None else float(v)
+def _x(v)->float: return math.nan if v is None else float(v)   # None: not computed (JSON has no NaN)
 
 def estimate_text(
     statistic:str, # a registered verdict's statistic: "speedup", "final_test", "final_ood" or "diagonal"
-    estimate, # the estimate (None: infinite)
-    low=None, # lower end of its 95% interval (None: infinite)
-    high=None, # upper end (None: infinite)
+    estimate, # the estimate (None or NaN: not computed, e.g. too few seeds)
+    low=None, # lower end of its 95% interval (None or NaN: not computed)
+    high=None, # upper end (None or NaN: not computed)
 )->str:
     "A headline estimate in the paper's units: a speed-up as ×, an accuracy difference in percentage points, a transfer matrix's diagonal as a share of targets."
-    if statistic == "diagonal": return f"diagonal best in {_x(estimate):.0%} of targets"
+    if statistic == "diagonal": return "diagonal best in — of targets" if math.isnan(_x(estimate)) else f"diagonal best in {_x(estimate):.0%} of targets"
     e, lo, hi = _x(estimate), _x(low), _x(high)
     if statistic == "speedup":
-        t = lambda v: "∞" if math.isinf(v) else f"{v:.3g}×"
+        t = lambda v: "—" if math.isnan(v) else "∞" if math.isinf(v) else f"{v:.3g}×"
         return f"speed-up {t(e)} [{t(lo)}, {t(hi)}]"
     if not statistic.startswith("final_"): raise ValueError(f"unknown statistic {statistic!r}")
-    d = 1 if max(abs(e), abs(lo), abs(hi)) >= 0.01 else 2
-    pp = lambda v: f"{100 * v:+.{d}f}".replace("-", "−")
+    d = 1 if max((abs(v) for v in (e, lo, hi) if not math.isnan(v)), default=1) >= 0.01 else 2
+    pp = lambda v: "—" if math.isnan(v) else f"{100 * v:+.{d}f}".replace("-", "−")
     what = {"test": "test", "ood": "OOD", "val": "validation"}.get(statistic[6:], statistic[6:])
     return f"{pp(e)} pp {what} accuracy [{pp(lo)}, {pp(hi)}]"
 

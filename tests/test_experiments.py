@@ -142,7 +142,7 @@ def test_changing_one_line_of_the_statistic_makes_every_result_stale(tmp_path):
 
 
 def test_every_committed_result_was_decided_after_its_registration():
-    from spline_transformers.runner import registration
+    from spline_transformers.experiments import registration
     from spline_transformers.core import git_output
     for n in committed():
         reg = registration(n, RESULTS)
@@ -377,7 +377,8 @@ def test_findings_html_is_a_table_to_read():
     "Issue 28 (9): the findings table for a reader: whole claims, numbers in the paper's units, links to chapter pages, no index."
     import html, re
     from spline_transformers.report import findings_html, estimate_text, chapter_page
-    assert estimate_text("speedup", 1.5, 1.36, None) == "speed-up 1.5× [1.36×, ∞]"
+    assert estimate_text("speedup", 1.55, 1.33, 1.81) == "speed-up 1.55× [1.33×, 1.81×]"
+    assert estimate_text("speedup", None, None, None) == "speed-up — [—, —]"
     assert estimate_text("final_test", -0.00703, -0.0812, 0.0672) == "−0.7 pp test accuracy [−8.1, +6.7]"
     assert estimate_text("final_ood", 0.0187, -0.00782, 0.0445) == "+1.9 pp OOD accuracy [−0.8, +4.5]"
     assert estimate_text("diagonal", 0.5, 0.5, 0.5) == "diagonal best in 50% of targets"
