@@ -809,7 +809,7 @@ def _point_shape(it)->dict:
 
 def construction_figure(
     items:list, # the points: dicts (seq, kind, x, y), as `ConstructionPlayground.items`
-    title:str="Click to place a token or a target, drag to move one, then build",
+    title:str="Place tokens and targets, then build",
 )->go.Figure:
     "The playground's figure: an invisible grid that takes the clicks, a trace per sequence for its tokens and for its targets, and the points as draggable shapes."
     g = np.round(np.arange(-PLAYGROUND_BOX, PLAYGROUND_BOX + 1e-9, 0.1), 10)

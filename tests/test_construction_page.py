@@ -118,10 +118,13 @@ def playground_ids(page): return page.evaluate("() => Object.keys((window.stCons
 
 
 def click_at(page, pid, x, y):
-    "Click the figure where the data point (x, y) is."
+    "Click the figure where the data point (x, y) is, and wait until the page has added the point (a busy machine redraws late)."
+    n = page.evaluate("(pid) => window.stConstruct.specs[pid].items.length", pid)
     px, py = page.evaluate("""([pid, x, y]) => { const gd = document.getElementById(pid), L = gd._fullLayout, r = gd.querySelector('.main-svg').getBoundingClientRect();
         return [r.left + L.xaxis._offset + L.xaxis.d2p(x), r.top + L.yaxis._offset + L.yaxis.d2p(y)]; }""", [pid, x, y])
     page.mouse.click(px, py)
+    page.wait_for_function("([pid, n]) => window.stConstruct.specs[pid].items.length > n", arg=[pid, n], timeout=10_000)
+    page.wait_for_timeout(200)   # the redraw after the new point, before the next click reads the axes
 
 
 def build_in_page(page, pid, timeout=30_000):
@@ -177,9 +180,11 @@ def test_playground_builds_in_the_page(browser, tmp_path):
         page.evaluate("(pid) => document.getElementById(pid).scrollIntoView({block: 'center', behavior: 'instant'})", pid)
         x, y = page.evaluate("""(pid) => { const r = document.getElementById(pid).querySelector('.shapelayer path[data-index="0"]').getBoundingClientRect();
                                            return [r.x + r.width / 2, r.y + r.height / 2]; }""", pid)
+        before = page.evaluate("(pid) => JSON.stringify(window.stConstruct.specs[pid].items)", pid)
         page.mouse.move(x, y); page.mouse.down()
         for i in range(1, 7): page.mouse.move(x + 40 * i / 6, y + 30 * i / 6)
         page.mouse.up()
+        page.wait_for_function("([pid, b]) => JSON.stringify(window.stConstruct.specs[pid].items) !== b", arg=[pid, before], timeout=10_000)
         page.wait_for_timeout(300)
         ans = build_in_page(page, pid)
         T = check_against_library(ans)
