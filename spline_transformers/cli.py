@@ -21,7 +21,7 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'check_run_args', 'hold_out_dir', 'release_out_dirs', 'load_data', 'is_corpus', 'arch_from_args',
            'train_from_args', 'phase1_from_args', 'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo',
            'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare',
-           'cmd_reproduce']
+           'verdict_line', 'cmd_reproduce']
 
 # %% ../nbs/22_cli.ipynb #df104e09
 import pandas as pd
@@ -721,6 +721,11 @@ def cmd_prepare(a)->int:
 # %% ../nbs/22_cli.ipynb #5ec25a19
 def _interrupt(signum, frame): raise KeyboardInterrupt
 
+def verdict_line(v:dict)->str:
+    "A verdict in one line: its kind, statistic, estimate and interval (a value that was not computed, None in JSON, as nan)."
+    g = lambda x: "nan" if x is None else f"{x:.3g}"
+    return f"{v['verdict']} ({v['statistic']} {g(v['estimate'])}, interval [{g(v['low'])}, {g(v['high'])}])"
+
 def cmd_reproduce(a)->int:
     "List the registered experiments, or run some of them at a size and print each verdict."
     out = a.out if a.out is not None else "results" if a.size == "cpu" else f"runs/{a.size}"   # only cpu-size results belong in results/
@@ -740,7 +745,7 @@ def cmd_reproduce(a)->int:
         if a.register: register_results(names, out, a.size, log=None if a.quiet else print); return 0
         for n in names:
             s = redecide(n, out, command=_command_line()); v = s["verdicts"][0]
-            print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}])")
+            print(f"{n}: {verdict_line(v)}")
         return 0
     if not a.names: raise UsageError("name the experiments to run (or 'all'); `spline-transformers reproduce --list` shows them")
     names = ["all"] if "all" in a.names else [check_name(n, tuple(EXPERIMENTS) + tuple(KINDS), "experiment") for n in a.names]
@@ -755,7 +760,7 @@ def cmd_reproduce(a)->int:
     for n, s in res.items():
         if "verdicts" not in s: print(f"{n}: {result_headline(s)}"); continue   # a `Kind` (chapter 21's sweeps): no verdict
         v = s["verdicts"][0]
-        print(f"{n}: {v['verdict']} ({v['statistic']} {v['estimate']:.3g}, interval [{v['low']:.3g}, {v['high']:.3g}]; paper: {s['paper']})")
+        print(f"{n}: {verdict_line(v)}; paper: {s['paper']}")
     return 0
 
 # %% ../nbs/22_cli.ipynb #a45759e4

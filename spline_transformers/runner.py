@@ -561,7 +561,8 @@ def redecide(
     have = set(zip(metrics.model, metrics.seed)) if not exp.targets else set(zip(metrics.model + "->" + metrics.target, metrics.seed))
     want = {_arm_of(c.label) for c in cs if c.spec["kind"] == "train"}
     if have != want: raise ValueError(f"{name}: the result's arms and seeds are not the registry's ({len(have ^ want)} differ){redo}")
-    summary = {**s, **(_transfer_decisions(exp, size, metrics) if exp.targets else _decisions(exp, size, metrics)), "cells_hash": cells_hash(cs)}
+    words = {"title": exp.title, "claim": exp.claim, "paper": exp.paper, "paper_value": exp.paper_value, "chapter": exp.chapter}   # the registry's words, which decide nothing
+    summary = {**s, **words, **(_transfer_decisions(exp, size, metrics) if exp.targets else _decisions(exp, size, metrics)), "cells_hash": cells_hash(cs)}
     now = provenance_record(command)
     prov = {**prov, "config_hash": summary["config_hash"], "decided": {"git_commit": now["git_commit"], "git_dirty": now["git_dirty"],
             "date": now["date"], "package_version": now["package_version"], "statistic": statistic_source(), "command": now["command"]}}

@@ -326,8 +326,8 @@ def coverage_figure(
     for col, colour, sym in (("t", "#1f77b4", "circle"), ("bootstrap", "#d62728", "x")):
         fig.add_scatter(x=list(range(len(cov))), y=cov[col], mode="markers", name={"t": "paired t (now)", "bootstrap": "bootstrap (before)"}[col],
                         marker=dict(color=colour, symbol=sym, size=7), text=label, hovertemplate="%{text}<br>coverage %{y:.3f}<extra></extra>")
-    for y, dash, name in ((confidence, "dot", "nominal"), (floor, "dash", "accepted floor")):
-        fig.add_hline(y=y, line_dash=dash, line_color="grey", annotation_text=f"{name} {y:.0%}", annotation_position="bottom right")
+    for y, dash, name, where in ((confidence, "dot", "nominal", "top right"), (floor, "dash", "accepted floor", "bottom right")):   # apart: the lines are close
+        fig.add_hline(y=y, line_dash=dash, line_color="grey", annotation_text=f"{name} {y:.0%}", annotation_position=where)
     for n, g in cov.groupby("seeds"): fig.add_vrect(x0=g.index.min() - 0.5, x1=g.index.max() + 0.5, fillcolor="grey" if n == cov.seeds.min() else "white",
                                                      opacity=0.06, line_width=0, annotation_text=f"{n} seeds", annotation_position="top left")
     fig.update_layout(title="How often a 95% interval covers the truth", xaxis_title="scenario (hover for its shape)", yaxis_title="coverage",

@@ -224,7 +224,7 @@ def test_one_transfer_matrix():
     built = {(m, fn) for m, t in trees.items() for fn in _calls(t, "TransferMatrix")}
     assert built == {("two_phase", "assemble_transfer")}, built
     users = {(m, fn) for m, t in trees.items() for fn in _calls(t, "assemble_transfer")}
-    assert {("runner", "_write_transfer_summary"), ("runner", "run_transfer"), ("distributed", "distributed_transfer")} <= users, users
+    assert {("runner", "_transfer_decisions"), ("runner", "run_transfer"), ("distributed", "distributed_transfer")} <= users, users
     by_target = [(m, n.lineno) for m, t in trees.items() for n in ast.walk(t) if isinstance(n, ast.Call)
                  and getattr(n.func, "attr", None) == "pivot" and any(k.arg == "columns" and getattr(k.value, "value", None) == "target" for k in n.keywords)]
     assert not by_target, f"a (row, target) matrix built outside assemble_transfer (the old second implementation pivoted its own): {by_target}"
