@@ -19,7 +19,7 @@ __all__ = ['INPUT_ERRORS', 'MAX_EVAL_EXAMPLES', 'MODEL_OPTIONS', 'SAVED_SPLINE_F
            'check_device', 'check_out_dir', 'task_param_types', 'parse_params', 'int_arg', 'float_arg', 'parse_ints',
            'seed_list', 'default_of', 'add_config_options', 'HelpFormatter', 'show_progress', 'check_data_names',
            'check_run_args', 'hold_out_dir', 'release_out_dirs', 'load_data', 'is_corpus', 'arch_from_args',
-           'train_from_args', 'phase1_from_args', 'load_nonlinearities', 'format_table', 'kernel_line', 'cmd_demo',
+           'train_from_args', 'phase1_from_args', 'load_nonlinearities', 'demo_table', 'kernel_line', 'cmd_demo',
            'cmd_phase1', 'cmd_phase2', 'cmd_transfer', 'example_files', 'cmd_interpolate', 'cmd_prepare',
            'verdict_line', 'cmd_reproduce']
 
@@ -39,9 +39,9 @@ from .experiments import EXPERIMENTS, SIZES
 from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, redecide
 from .experiments import register_results
 from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
-from .results import experiments_table
+from .results import experiments_table, load_result, arms_frame, seeds_frame
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,
-                                           as_nonlinearities, demo_config, quick_demo_config, run_demo, corpus_summary)
+                                           as_nonlinearities, demo_config, corpus_summary)
 from . import report
 from .distributed import is_distributed, distributed_phase1, distributed_transfer, shutdown, RankFailure
 
@@ -57,21 +57,20 @@ def build_parser()->argparse.ArgumentParser:
     fmt = HelpFormatter
 
     d = sub.add_parser("demo", formatter_class=fmt, help="the main job: Phase I on a task, then Phase II vs the standard transformer; table + HTML report",
-                       description="Phase I learns the nonlinearities of a small transformer (on CPU: its MLP activation) on the 'add' task (M models "
-                                   "sharing the splines); Phase II trains fresh models with them frozen against the standard transformer "
-                                   "(GeLU, softmax) over several seeds. Prints steps to 95% test sequence accuracy per seed, the median "
-                                   "speed-up and the spread; writes report.html, metrics.csv, nonlinearities.safetensors (+ .json). "
-                                   "About 5 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. On a terminal each phase "
-                                   "shows a progress bar (steps, time left, current accuracy); in a log, one line per phase.")
-    d.add_argument("--out", default="spline_demo", help="results folder")
+                       description="Runs the registered experiment 'demo' (as `reproduce demo` does): Phase I learns the MLP activation of a "
+                                   "small transformer as a spline on the 'add' task (M models sharing it); Phase II trains fresh models with it "
+                                   "frozen against the standard transformer (GeLU, softmax) over paired seeds. Prints steps to 95% test "
+                                   "sequence accuracy per seed and the verdict by the registered rule (a paired t interval of the speed-up); "
+                                   "writes report.html and the result (demo/: summary.json, metrics.csv, splines/, provenance.json). "
+                                   "About 3 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. Its cells are kept under "
+                                   "OUT/.cells: a second run reuses them, and a killed one continues with --resume.")
+    d.add_argument("--out", default=None, help="results folder (default: spline_demo, or spline_demo_quick with --quick)")
     d.add_argument("--device", default=FUNCTION_DEFAULTS["demo_device"], help="cpu, cuda, cuda:N, auto (a GPU runs larger sizes)")
-    d.add_argument("--quick", action="store_true", help="a tiny run (well under a minute) that checks the pipeline; its numbers are not evidence")
-    d.add_argument("--seeds", type=parse_ints, default=None, help="Phase II seeds: N (N seeds) or a list 0,1,2 (default: the config's)")
-    d.add_argument("--steps", type=int_arg(1), default=None, help="Phase II steps (default: the config's)")
-    d.add_argument("--phase1-steps", type=int_arg(1), default=None, help="Phase I steps (default: the config's)")
+    d.add_argument("--quick", action="store_true", help="the smoke size (well under a minute): checks the pipeline; its numbers are not evidence")
+    d.add_argument("--jobs", type=int_arg(1), default=None, help="cells run at once, each a one-thread process (default: 2 on a CPU with 2+ cores)")
+    d.add_argument("--resume", action="store_true", help="continue the cells a killed run left unfinished")
+    d.add_argument("--overwrite", action="store_true", help="replace a demo result of another size in --out")
     d.add_argument("--quiet", action="store_true", help="only print the final table")
-    d.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bars (default: on a terminal, unless --quiet)")
     d.set_defaults(func=cmd_demo)
 
     p1 = sub.add_parser("phase1", formatter_class=fmt, help="Phase I: learn the nonlinearities on a task or corpus",
@@ -510,19 +509,19 @@ def load_nonlinearities(
     except ValueError as e: raise UsageError(f"{where}: {error_message(e)}") from None
 
 # %% ../nbs/22_cli.ipynb #4ad81898
-def format_table(result)->str:
-    "The demo's table as text: steps to threshold per seed and arm, median, IQR, seeds reaching it, speed-up and the verdict."
-    st = report.seed_table(result.table, ["standard", "learned"])
-    s = result.summary.set_index("model")
-    sp = float(s.loc["learned"].get("speedup", math.nan))
-    v = report.verdict(result.summary, result.config.threshold)
-    lines = [f"Steps to {result.config.threshold:.0%} test sequence accuracy ({result.config.task}, evaluated every {result.config.train.eval_every} steps)",
-             st.to_string(index=False),
-             f"median speed-up (standard / learned): {'not measurable' if math.isnan(sp) else f'{sp:.2f}x'}"
-             + (" (the learned arm's median did not reach the threshold)" if not math.isfinite(float(s.loc['learned', 'median_steps'])) else ""),
-             "final test seq acc: " + ", ".join(f"{m} {s.loc[m, 'final_test']:.3f}" for m in ("standard", "learned")),
-             f"Phase I: {result.phase1.cost['n_models']} models, {result.phase1.cost['steps']} steps, {result.phase1.cost['wall_time_s']:.1f} s on {result.phase1.cost['device']}",
-             v["text"]]
+def demo_table(
+    result:dict, # the demo's result (`results.load_result("demo", out)`)
+)->str:
+    "The demo's table as text: steps to threshold per seed and arm, the arms' medians, and each verdict with its interval and why."
+    s = result["summary"]; st = EXPERIMENTS["demo"].setting(s["size"])
+    steps = seeds_frame(result, "steps").apply(lambda col: col.map(lambda v: "never" if v != v else f"{v:.0f}"))
+    lines = [f"Steps to {s['threshold']:.0%} test sequence accuracy ({s['task']}, evaluated every {st.train.eval_every} steps; never: not within "
+             f"{st.train.steps} steps)", steps.rename(columns=lambda c: f"seed {c}").rename_axis(index=None, columns=None).to_string(), "", arms_frame(result).to_string(), ""]
+    for v in s["verdicts"]:
+        lines.append(f"{v['arm']} vs {v['reference']} over {v['seeds']} paired seeds: {v['verdict']}, "
+                     f"{report.estimate_text(v['statistic'], v['estimate'], v['low'], v['high'])}; {v['why']}")
+    p1 = next(iter(s["phase1"].values()))
+    lines.append(f"Phase I: {len(p1['seeds'])} models, {st.phase1_train.steps} steps, {p1['wall_s']:.1f} s")
     return "\n".join(lines)
 
 def kernel_line(
@@ -535,28 +534,25 @@ def kernel_line(
     return f"spline kernel: {b.name}, {b.reason}{hint}"
 
 def cmd_demo(a)->int:
-    "Run the demo, print the table, write the results and the report."
+    "Run the registered demo through the runner (`reproduce demo`), print its table and verdict, write its report."
     device = check_device(a.device)
-    out = check_out_dir(a.out, "--out")
+    out = check_out_dir(a.out if a.out is not None else "spline_demo_quick" if a.quick else "spline_demo", "--out")
     dev = resolve_device(device)
-    config = quick_demo_config(str(dev)) if a.quick else demo_config(str(dev))
-    if a.seeds is not None: config = replace(config, seeds=tuple(seed_list(a.seeds, config.seeds)))
-    if a.steps is not None: config = replace(config, train=replace(config.train, steps=a.steps))
-    if a.phase1_steps is not None: config = replace(config, phase1_train=replace(config.phase1_train, steps=a.phase1_steps))
-    bars = show_progress(a) and not (a.quiet and a.progress is None)   # bars on a terminal; one line per phase in a log
-    config = replace(config, train=replace(config.train, progress=bars), phase1_train=replace(config.phase1_train, progress=bars))
-    say = (lambda s: print(s, flush=True)) if not a.quiet else (lambda s: None)
-    say(f"spline-transformers demo{' --quick' if a.quick else ''}: {config.task} on {dev}, results in {out}/")
+    size = "smoke" if a.quick else "cpu" if dev.type == "cpu" else "gpu"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = a.jobs if a.jobs is not None else min(2, cpus) if dev.type == "cpu" else 1   # the demo's two arms side by side
+    say = (lambda s: print(s, flush=True)) if not a.quiet else None
     kernels = kernel_line(dev)
-    say(kernels)
+    if say: say(f"spline-transformers demo{' --quick' if a.quick else ''}: the registered experiment 'demo' at {size} size on {dev}, "
+                f"{jobs} process(es), results in {out}/\n{kernels}")
     hold_out_dir(out)
     t0 = time.perf_counter()
-    res = run_demo(config, log=say)
+    reproduce(["demo"], size, jobs, out, resume=a.resume, device=str(dev), log=say, command=_command_line(), overwrite=a.overwrite)
     wall = time.perf_counter() - t0
-    res.save(out, wall_time_s=wall, quick=bool(a.quick), command=_command_line(), kernels=kernels)   # the one writer of the folder's data files
-    path = report.demo_report(res, out / "report.html", command=_command_line(), wall_time=wall, kernels=kernels)
-    print(format_table(res))
-    if a.quick: print("(--quick: a tiny run that checks the pipeline; its numbers are not evidence either way)")
+    result = load_result("demo", out)
+    path = report.experiment_report(result, out / "report.html", kernels=kernels)
+    print(demo_table(result))
+    if a.quick: print("(--quick: the smoke size, a tiny run that checks the pipeline; its numbers are not evidence either way)")
     print(f"total {wall:.1f} s; report: {path}")
     return 0
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 # %% auto #0
-__all__ = ['cpu_setting']
+__all__ = ['cpu_setting', 'demo_setting']
 
 # %% ../nbs/09b_registry.ipynb #a253cc93
-from .two_phase import Phase1Config, demo_config
+from .two_phase import Phase1Config, DemoConfig, demo_config, quick_demo_config
 from .experiments import Experiment, Phase1Run, Arm, Setting, register
 from .stats import Verdict, Power
 
@@ -156,6 +156,26 @@ register(Experiment(
         gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
     power=Power(0.056, "results/attn_kernel at 5557cc3: attn_exp vs standard, log ratios of restricted steps, 5 seeds"),
     verdicts=(Verdict("attn_exp"), Verdict("attn_const"), Verdict("attn_exp_lr0.1"), Verdict("attn_exp_r3"), Verdict("attn_exp", "attn_exp_control"))))
+
+# %% ../nbs/09b_registry.ipynb #d618eccc
+def demo_setting(
+    c:DemoConfig, # one of the demo's sizes (`demo_config`, `quick_demo_config`)
+)->Setting:
+    "The registered setting of a demo size: one Phase I run learning the splines its architecture has, then the learned and the standard arm."
+    mlp, attn = c.arch.mlp_act == "spline", c.arch.attn_fn == "spline"
+    run = Phase1Run("mlpattn_r0" if mlp and attn else "mlp_r0" if mlp else "attn_r0", mlp=mlp, attn=attn, seeds=tuple(c.p1.seeds))
+    return Setting(tuple(sorted(c.task_params.items())), replace(c.arch, mlp_act="gelu", attn_fn="softmax"),
+                   replace(c.train, device="auto", progress=False), replace(c.phase1_train, device="auto", progress=False),
+                   c.p1, (run,), (Arm("standard"), Arm("learned", f"phase1:{run.name}")), tuple(c.seeds), c.threshold)
+
+register(Experiment(
+    "demo", "The demo (ADD, learned MLP spline vs GeLU)", task="add", chapter="11_add",
+    claim="Splines learned in Phase I make a fresh transformer learn 2-digit addition faster than GeLU/softmax, at the sizes of the README's "
+          "`spline-transformers demo` (Phase I with M = 4 models, 5 Phase II seeds per arm).",
+    paper="ADD: " + _SPEED + ".", paper_value=2.5,
+    sizes={"smoke": demo_setting(quick_demo_config()), "cpu": demo_setting(demo_config(size="cpu")), "gpu": demo_setting(demo_config("cuda", size="gpu"))},
+    power=Power(0.216, "results/add at 5557cc3: learned vs standard (the demo's comparison, evaluated every 50 steps), log ratios of restricted steps, 10 seeds"),
+    verdicts=(Verdict("learned"),)))
 
 # %% ../nbs/09b_registry.ipynb #212b8167
 def _lm_gain(arm:str, reference:str)->Verdict:

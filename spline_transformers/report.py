@@ -12,8 +12,8 @@ from typing import Optional, Sequence, Union
 
 # %% auto #0
 __all__ = ['PAGE_STYLE', 'Report', 'verdict', 'seed_table', 'learned_parts', 'cost_lines', 'arch_line', 'train_line',
-           'demo_report', 'phase1_report', 'comparison_report', 'transfer_report', 'chapter_page', 'estimate_text',
-           'findings_html']
+           'experiment_report', 'phase1_report', 'comparison_report', 'transfer_report', 'chapter_page',
+           'estimate_text', 'findings_html']
 
 # %% ../nbs/09e_report.ipynb #8a6a6cc1
 import numpy as np
@@ -27,6 +27,8 @@ import plotly.io as pio
 from .core import atomic_write
 from .viz import seed_band_figure, book_template, fit_figure
 from .model import Nonlinearities, nonlinearities_figure
+from .experiments import EXPERIMENTS
+from .results import arms_frame, verdicts_frame, seeds_frame, curves_figure, steps_figure, learned_splines_figure
 
 # %% ../nbs/09e_report.ipynb #cd925e3b
 PAGE_STYLE = """
@@ -188,43 +190,47 @@ def _add_curves(rep:Report, metrics:pd.DataFrame, threshold:Optional[float], spl
         if threshold is not None and split == "test": fig.add_hline(y=threshold, line_dash="dash", line_color="gray", annotation_text=f"threshold {threshold:g}")
         rep.figure(fig)
 
-def demo_report(
-    result, # a `two_phase.DemoResult`
+def experiment_report(
+    result:dict, # a registered experiment's result (`results.load_result(name, out)`)
     path:Union[str,Path], # where to write report.html
-    command:Optional[str]=None, # the command line that ran, shown in the page
-    wall_time:Optional[float]=None, # total seconds of the run (shown if given)
     kernels:Optional[str]=None, # which implementation evaluated the splines (shown if given)
 )->Path:
-    "The demo's standalone report: verdict, what was measured, the table, curves with seed bands, the learned splines, Phase I cost."
-    c, p1 = result.config, result.phase1
-    v = verdict(result.summary, c.threshold)
-    rep = Report(f"Learned nonlinearities vs the standard transformer on `{c.task}`".replace("`", ""),
-                 f"spline-transformers demo: Phase I (M = {c.p1.n_models}) then Phase II over {len(c.seeds)} seeds")
-    rep.heading("Result").text(v["text"], cls="verdict " + {True: "helped", False: "not-helped", None: "unclear"}[v["helped"]])
-    rep.heading("What was measured")
-    lines = [f"Task: {c.task} {c.task_params}; threshold: {c.threshold:.0%} test sequence accuracy (all answer tokens right); "
-             f"metric evaluated every {c.train.eval_every} steps on {c.train.eval_examples} test problems, so steps are multiples of {c.train.eval_every}.",
-             arch_line(c.arch.to_dict()) + f". Learned arm: {learned_parts(c.arch)}, frozen from Phase I; standard arm: GeLU and softmax.",
-             train_line(c.train.to_dict()) + f"; seeds {list(c.seeds)}.",
-             *cost_lines(p1.cost),
-             f"Phase II: learned arm {result.timings['learned_wall_s']:.1f} s, standard arm {result.timings['standard_wall_s']:.1f} s "
-             f"({len(c.seeds)} models trained at once per arm) on {result.timings['device']}."]
-    if wall_time is not None: lines.append(f"Whole run: {wall_time:.1f} s wall time.")
+    "The standalone report of a registered experiment (the demo's page): the verdicts with their rule, what ran, the seeds, curves, the learned splines, where it came from."
+    s, prov = result["summary"], result["provenance"]
+    e = EXPERIMENTS[s["experiment"]]; st = e.setting(s["size"])
+    head = s["verdicts"][0]
+    rep = Report(s["title"], f"{s['experiment']} at {s['size']} size: Phase I, then Phase II over {len(st.seeds)} paired seeds per arm")
+    rep.heading("Result").text(f"{head['verdict']}: {estimate_text(head['statistic'], head['estimate'], head['low'], head['high'])}, "
+                               f"{head['arm']} against {head['reference']} over {head['seeds']} paired seeds; {head['why']}.",
+                               cls="verdict " + {"reproduced": "helped", "reversed": "not-helped"}.get(head["verdict"], "unclear"))
+    rep.text(f"Claim: {s['claim']} The paper: {s['paper']}").text(f"The rule, registered before the run: {head['rule']}.", cls="muted")
+    if s["size"] == "smoke": rep.text("Smoke size: a tiny run that checks the pipeline; its numbers are not evidence either way.", cls="verdict unclear")
+    rep.table(verdicts_frame(result))
+    rep.heading("What ran")
+    p1 = next(iter(s["phase1"].values()), None)
+    lines = [f"Task: {s['task']} {dict(st.task_params)}; threshold: {s['threshold']:.0%} test {s['metric'].replace('_', ' ')}, evaluated every "
+             f"{st.train.eval_every} steps on {st.train.eval_examples} test problems (steps to threshold are multiples of {st.train.eval_every}).",
+             arch_line(st.arch.to_dict()) + f"; the learned arm's splines were learned in Phase I and frozen; the standard arm has GeLU and softmax.",
+             train_line(st.train.to_dict()) + f"; seeds {list(st.seeds)}."]
+    if p1: lines.append(f"Phase I: {len(p1['seeds'])} models (seeds {p1['seeds']}) sharing the splines, {st.phase1_train.steps} steps, "
+                        f"{p1['wall_s']:.1f} s; the splines kept are those of step {p1['best_step']} (best held-out loss).")
+    lines.append(f"Cells: {len(prov['cell_wall_s'])}, {prov['total_cell_wall_s']:.0f} s of cell time, {prov['jobs']} process(es) at once, "
+                 f"{prov['threads_per_cell'][0]} thread each{', seeds batched' if prov.get('batched_seeds') else ''}, on {prov['cpu']} ({', '.join(prov['device'])}).")
     if kernels: lines.append(kernels[0].upper() + kernels[1:] + ".")
-    if command: lines.append(f"Command: {command}")
+    lines.append(f"Commit {str(prov.get('git_commit'))[:10]}{' (with uncommitted changes)' if prov.get('git_dirty') else ''}, torch {prov['torch_version']}, "
+                 f"config {s['config_hash']}, {prov['date'][:19]}; command: {prov.get('command')}")
     rep.bullets(lines)
-    rep.text("The speed-up does not count Phase I: it compares Phase II of the learned nonlinearities with the standard transformer "
-             "trained with the same hyperparameters. These are small models trained briefly, on one machine; the numbers are one run's.", cls="muted")
-    rep.heading("Steps to threshold per seed").table(seed_table(result.table, ["standard", "learned"]))
-    cols = [col for col in ("model", "seeds", "reached", "median_steps", "q25_steps", "q75_steps", "speedup", "final_test", "final_ood") if col in result.summary]
-    rep.table(result.summary[cols])
+    rep.heading("Every seed").table(arms_frame(result), index=True).table(seeds_frame(result, "steps").rename(columns=lambda c: f"seed {c}"), index=True)
+    rep.figure(steps_figure(result))
     rep.heading("Accuracy curves")
-    _add_curves(rep, result.metrics, c.threshold)
-    rep.heading("The learned nonlinearities")
-    rep.figure(nonlinearities_figure(p1.nonlinearities, f"Learned on {c.task} in Phase I (final values), beside GeLU and exp"))
-    rep.text(f"Files: nonlinearities.safetensors (+ .json) hold these splines; metrics.csv the curves; "
-             f"phase1/ the Phase I result (final and best splines, best at step {p1.best_step}).", cls="muted")
+    for split in ("test", "ood"):
+        m = result["metrics"]
+        if ((m.split == split) & (m.metric == s["metric"])).any(): rep.figure(curves_figure(result, s["metric"], split))
+    if s["phase1"]: rep.heading("The learned nonlinearities").figure(learned_splines_figure(result))
+    rep.text(f"Files: {Path(result['folder']).name}/summary.json (verdicts, per-seed table), metrics.csv (the curves), splines/ (the learned "
+             "splines as .safetensors + .json), provenance.json; the cells' own files are under .cells/.", cls="muted")
     return rep.save(path)
+
 
 # %% ../nbs/09e_report.ipynb #5c8ef293
 def phase1_report(

@@ -148,7 +148,7 @@ def seeds_frame(
     "One row per arm (in the registry's order), one column per seed: each seed's `value`, the numbers behind every median."
     check_option(value, ("final_test", "final_ood", "final_loss", "steps"), "value")
     ps = pd.DataFrame(result["summary"]["per_seed"])
-    if value not in ps or ps[value].isna().all(): raise ValueError(f"this result has no {value!r} per seed: pick another value")
+    if value not in ps or (value != "steps" and ps[value].isna().all()): raise ValueError(f"this result has no {value!r} per seed: pick another value")
     t = ps.pivot_table(index="arm", columns="seed", values=value, dropna=False)
     return t.loc[[a for a in _arm_order(result) if a in t.index]]
 

@@ -486,11 +486,13 @@ class DemoConfig:
 
 def demo_config(
     device:str="cpu", # "cpu": minutes on 2 cores; "cuda"/"auto" with a GPU: the spec's sizes
+    size:Optional[str]=None, # "cpu" or "gpu" sizes whatever the device (default: the device's)
     **changes, # DemoConfig fields to replace
 )->DemoConfig:
-    "The demo's sizes for `device`."
-    dev = resolve_device(device)
-    if dev.type == "cpu":
+    "The demo's sizes for `device` (or `size`)."
+    if size is None: size = "cpu" if resolve_device(device).type == "cpu" else "gpu"
+    check_option(size, ("cpu", "gpu"), "size")
+    if size == "cpu":
         cfg = DemoConfig(task="add", task_params=dict(n_digits=2, ood_digits=(3, 3), reverse_operands=False),
                          arch=TransformerConfig(vocab_size=1, max_len=8, n_layers=2, d_model=64, n_heads=4, mlp_act="spline", attn_fn="softmax",
                                                 n_knots=41, spline_range=6.0, mlp_init="gelu"),   # MLP spline only, GeLU init, h = 0.3
@@ -508,7 +510,7 @@ def demo_config(
 
 def quick_demo_config(device:str="cpu"):
     "A tiny `DemoConfig` (well under a minute on a CPU) that runs the whole demo pipeline; its numbers are not evidence."
-    c = demo_config(device)
+    c = demo_config(device, size="cpu")
     return replace(c, arch=replace(c.arch, n_layers=1, d_model=32, n_heads=2, n_knots=32),
                    train=replace(c.train, steps=60, batch_size=32, warmup=10, eval_every=20, eval_examples=64),
                    phase1_train=replace(c.phase1_train, steps=30, batch_size=32, warmup=5, eval_every=15, eval_examples=64),

@@ -2,7 +2,7 @@
 Chromium with every figure drawn, no page error and no request leaving the machine), every sub-command's error paths
 (exit status 2 with a message naming the valid options), `interpolate` on a real dataset file, `prepare` on a small real
 corpus, tiny `phase1` -> `phase2` -> `transfer` runs on files the previous command wrote, and `phase1` under torchrun."""
-import json, os, re, subprocess, sys
+import html, json, os, re, shutil, subprocess, sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ from spline_transformers import cli
 from spline_transformers.cli import main, build_parser, UsageError, parse_ints, seed_list
 from spline_transformers.two_phase import quick_demo_config
 from spline_transformers.model import Nonlinearities
+from spline_transformers.experiments import EXPERIMENTS, cells
 from spline_transformers.tasks import TASKS
 from spline_transformers.corpora import CORPORA
 from spline_transformers.interpolation import toy_dataset, random_dataset, save_dataset_file, interpolate_file
@@ -300,52 +301,77 @@ def quick_demo(demo_run):
 
 
 def test_demo_quick_writes_the_files(quick_demo):
+    "The demo is the registered experiment 'demo' at smoke size: the runner's result folder, its cells, and the report beside them."
     out, stdout = quick_demo
-    for f in ("report.html", "metrics.csv", "nonlinearities.safetensors", "nonlinearities.json", "summary.csv",
-              "steps_to_threshold.csv", "config.json", "phase1/phase1.json"):
+    for f in ("report.html", "demo/summary.json", "demo/metrics.csv", "demo/phase1_metrics.csv", "demo/provenance.json",
+              "demo/splines/mlp_r0.safetensors", "demo/splines/mlp_r0.json"):
         assert (out / f).is_file(), f
-    nl = Nonlinearities.load(out / "nonlinearities.safetensors")
+    assert len(list((out / ".cells").glob("*/done.json"))) == len(cells(EXPERIMENTS["demo"], "smoke")) == 7
+    nl = Nonlinearities.load(out / "demo" / "splines" / "mlp_r0.safetensors")
     arch = quick_demo_config().arch          # the demo learns the splines its architecture has, no more
     assert len(nl.mlp) == (arch.mlp_act == "spline") and len(nl.attn) == (arch.attn_fn == "spline") and len(nl.mlp) == 1
-    from spline_transformers.report import learned_parts
-    assert f"Learned arm: {learned_parts(arch)}" in (out / "report.html").read_text()   # the report says what was learned
     from spline_transformers.splines import spline_backend
     kernel = spline_backend("cpu").name                 # the header and the report say which spline kernel ran
     assert f"spline kernel: {kernel}, " in stdout and f"Spline kernel: {kernel}, " in (out / "report.html").read_text()
-    m = pd.read_csv(out / "metrics.csv")
+    m = pd.read_csv(out / "demo" / "metrics.csv")
     assert list(m.columns) == ["step", "model", "seed", "split", "metric", "value"]
     assert set(m.model) == {"learned", "standard"} and set(m.seed) == {0, 1, 2}
     assert {"test", "ood"} <= set(m.split) and "seq_acc" in set(m.metric)
-    t = pd.read_csv(out / "steps_to_threshold.csv")
-    assert len(t) == 6 and set(t.model) == {"learned", "standard"}
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["quick"] is True and cfg["wall_time_s"] > 0 and cfg["demo"]["task"] == "add"
+    s = json.loads((out / "demo" / "summary.json").read_text())
+    assert s["experiment"] == "demo" and s["size"] == "smoke" and s["config_hash"] == EXPERIMENTS["demo"].config_hash("smoke")
+    assert len(s["per_seed"]) == 6 and s["verdicts"][0]["verdict"] == "underpowered"    # 3 seeds: fewer than the rule's 5
+    prov = json.loads((out / "demo" / "provenance.json").read_text())
+    assert prov["command"].endswith(f"demo --quick --out {out}") and prov["batched_seeds"] is True
 
 
 def test_demo_quick_prints_the_table(quick_demo):
     out, stdout = quick_demo
-    assert "Steps to 95% test sequence accuracy" in stdout
-    for row in ("seed 0", "seed 1", "seed 2", "median", "IQR", "seeds reaching"): assert row in stdout
-    assert "median speed-up" in stdout and "Phase I: 2 models" in stdout
-    from spline_transformers.report import verdict
-    assert verdict(pd.read_csv(out / "summary.csv"), 0.95)["text"] in stdout   # the verdict follows from the numbers written
-    t = pd.read_csv(out / "steps_to_threshold.csv")
-    line = next(l for l in stdout.splitlines() if l.strip().startswith("seed 0"))
-    for arm in ("standard", "learned"):
-        v = float(t[(t.model == arm) & (t.seed == 0)].steps.iloc[0])
-        assert ("not reached" if np.isinf(v) else f"{v:.0f}") in line
-    assert f"report: {out / 'report.html'}" in stdout
+    s = json.loads((out / "demo" / "summary.json").read_text())
+    assert "Steps to 95% test sequence accuracy (add, evaluated every 20 steps" in stdout
+    table = stdout[stdout.index("Steps to 95%"):]
+    for row in ("seed 0", "seed 1", "seed 2", "standard", "learned", "median steps", "reached"): assert row in table
+    v = s["verdicts"][0]                                 # the verdict printed is the one the result holds, with its why
+    assert f"learned vs standard over 3 paired seeds: {v['verdict']}" in stdout and v["why"] in stdout
+    ps = pd.DataFrame(s["per_seed"])
+    line = next(l for l in table.splitlines() if l.startswith("standard"))
+    for seed in (0, 1, 2):
+        st = ps[(ps.arm == "standard") & (ps.seed == seed)].steps.iloc[0]
+        assert ("never" if st is None else f"{st:.0f}") == line.split()[1 + seed]
+    assert "Phase I: 2 models, 30 steps" in stdout and f"report: {out / 'report.html'}" in stdout
 
 
 def test_demo_report_is_honest(quick_demo):
     out, _ = quick_demo
     page = (out / "report.html").read_text()
-    s = pd.read_csv(out / "summary.csv").set_index("model")
-    helped = s.loc["learned", "reached"] > s.loc["standard", "reached"] or s.loc["learned", "speedup"] >= 1.2
-    assert ("The learned nonlinearities helped" in page) == bool(helped)
-    if not helped: assert "did not help at this size" in page
-    assert "Phase I: 2 models sharing the splines, 30 steps" in page and "on cpu" in page
-    assert "does not count Phase I" in page
+    s = json.loads((out / "demo" / "summary.json").read_text())
+    v = s["verdicts"][0]
+    assert f"{v['verdict']}: " in page and html.escape(v["rule"]) in page and html.escape(v["why"]) in page   # the registered rule, in words
+    assert "Smoke size: a tiny run that checks the pipeline" in page     # --quick says its numbers are not evidence
+    assert "Phase I: 2 models (seeds [100, 101]) sharing the splines, 30 steps" in page and "config " + s["config_hash"] in page
+
+
+def test_demo_goes_through_the_runner(monkeypatch, tmp_path, capsys):
+    "`demo` is `reproduce demo` with the demo's size (smoke with --quick, cpu on a CPU), two processes on 2+ cores, the folder as given."
+    seen = []
+    def stub(names, size, jobs, out, **k): seen.append((names, size, jobs, out, k)); raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "reproduce", stub)
+    assert run(["demo", "--quick", "--out", tmp_path / "q"], capsys)[0] == 130
+    assert run(["demo", "--out", tmp_path / "c", "--jobs", "1", "--resume"], capsys)[0] == 130
+    (n1, s1, j1, o1, k1), (n2, s2, j2, o2, k2) = seen
+    assert (n1, s1, o1, k1["resume"], k1["device"]) == (["demo"], "smoke", tmp_path / "q", False, "cpu")
+    assert j1 == min(2, len(os.sched_getaffinity(0)))
+    assert (n2, s2, j2, o2, k2["resume"]) == (["demo"], "cpu", 1, tmp_path / "c", True)
+
+
+def test_demo_runs_again_from_its_cells(quick_demo, tmp_path, capsys):
+    "A second `demo --quick` into the same folder trains nothing: the result is current, so it is kept and reported again."
+    out, _ = quick_demo
+    copy = tmp_path / "again"; shutil.copytree(out, copy)
+    before = (copy / "demo" / "summary.json").read_text()
+    code, stdout, err = run(["demo", "--quick", "--out", copy], capsys)
+    assert code == 0, err
+    assert "holds a current smoke result" in stdout and "0 to run" in stdout
+    assert (copy / "demo" / "summary.json").read_text() == before and (copy / "report.html").is_file()
 
 
 def test_demo_report_in_a_browser(quick_demo):
@@ -357,7 +383,7 @@ def test_demo_report_in_a_browser(quick_demo):
     markup = re.sub(r"<script[^>]*>.*?</script>", "", page_src, flags=re.S)   # the page's own tags, without the scripts' text
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", markup) and "@import" not in markup
     n_figs = page_src.count("Plotly.newPlot")
-    assert n_figs >= 3                               # test curves, OOD curves, the learned splines
+    assert n_figs >= 4                               # steps per seed, test curves, OOD curves, the learned splines
     with serve(out) as base, launch() as browser:
         page, errors, outside = open_page(browser, f"{base}/report.html", viewport={"width": 1300, "height": 900})
         page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figs}", timeout=60_000)
@@ -365,7 +391,7 @@ def test_demo_report_in_a_browser(quick_demo):
                                    ({traces: d.data.length, paths: d.querySelectorAll('.scatterlayer .trace path').length}))""")
         assert len(drawn) == n_figs
         assert all(d["traces"] > 0 and d["paths"] > 0 for d in drawn), drawn
-        assert "Steps to threshold per seed" in page.inner_text("body")
+        assert "Every seed" in page.inner_text("body")
         page.context.close()
     assert errors == [], errors
     assert outside == [], outside
@@ -399,7 +425,7 @@ class Worked(Exception):
 def no_work(monkeypatch):
     "Every expensive step of the commands fails the test if reached."
     def stop(*a, **k): raise Worked("the command started its work")
-    for name in ("run_demo", "phase1", "phase2", "baseline", "run_transfer", "prepare", "load_corpus", "distributed_phase1", "distributed_transfer"):
+    for name in ("reproduce", "phase1", "phase2", "baseline", "run_transfer", "prepare", "load_corpus", "distributed_phase1", "distributed_transfer"):
         monkeypatch.setattr(cli, name, stop)
     import spline_transformers.interpolation as interp
     monkeypatch.setattr(interp, "interpolate_file", stop)
@@ -677,21 +703,6 @@ def test_shipped_examples_build_and_verify_exactly(name, d, capsys):
     assert code == 0, err
     r = json.loads(out)
     assert r["d"] == d and r["n_blocks"] == r["expected_blocks"] and r["worst_hausdorff"] < 1e-9
-
-
-def test_demo_shows_progress_on_a_terminal(monkeypatch, tmp_path, capsys):
-    seen = []
-    def stub(config, **k): seen.append((config, k)); raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "run_demo", stub)
-    for tty in (True, False):
-        monkeypatch.setattr(cli, "_is_terminal", lambda stream=None, tty=tty: tty)
-        code, out, err = run(["demo", "--quick", "--out", tmp_path / f"d{tty}"], capsys)
-        assert code == 130
-        c, k = seen[-1]
-        assert c.train.progress is tty and c.phase1_train.progress is tty
-        assert (k.get("log") is not None)        # one line per phase either way
-    code, _, _ = run(["demo", "--quick", "--no-progress", "--out", tmp_path / "d"], capsys)
-    assert seen[-1][0].train.progress is False
 
 
 def test_progress_defaults_to_the_terminal(monkeypatch, tmp_path, capsys):
