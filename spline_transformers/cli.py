@@ -626,7 +626,7 @@ def cmd_phase2(a)->int:
                              None if is_corpus(data) else a.threshold, table, nl, lines)
     print(summary.to_string(index=False))
     if table is not None: print(report.seed_table(table, ["standard", "learned"]).to_string(index=False))
-    if not is_corpus(data) and not a.no_baseline: print(report.verdict(summary, a.threshold)["text"])
+    if not is_corpus(data) and not a.no_baseline: print(report.comparison_verdict(metrics, a.threshold)["text"])
     print(f"wrote {out}/metrics.csv, summary.csv, report.html")
     return 0
 

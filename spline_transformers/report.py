@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['PAGE_STYLE', 'Report', 'verdict', 'seed_table', 'learned_parts', 'cost_lines', 'arch_line', 'train_line',
-           'experiment_report', 'phase1_report', 'comparison_report', 'transfer_report', 'chapter_page',
-           'estimate_text', 'findings_html']
+__all__ = ['PAGE_STYLE', 'Report', 'seed_table', 'learned_parts', 'cost_lines', 'arch_line', 'train_line', 'experiment_report',
+           'phase1_report', 'comparison_report', 'transfer_report', 'chapter_page', 'estimate_text', 'findings_html',
+           'comparison_verdict']
 
 # %% ../nbs/09e_report.ipynb #8a6a6cc1
 import numpy as np
@@ -28,6 +28,7 @@ from .core import atomic_write
 from .viz import seed_band_figure, book_template, fit_figure
 from .model import Nonlinearities, nonlinearities_figure
 from .experiments import EXPERIMENTS
+from .stats import Verdict, decide, per_seed
 from .results import arms_frame, verdicts_frame, seeds_frame, curves_figure, steps_figure, learned_splines_figure
 
 # %% ../nbs/09e_report.ipynb #cd925e3b
@@ -93,44 +94,10 @@ class Report:
         "Write the page to `path` atomically (`core.atomic_write`: a unique temporary file, then a rename; folders created)."
         return atomic_write(path, self.to_html())
 
-# %% ../nbs/09e_report.ipynb #90e2272a
+# %% ../nbs/09e_report.ipynb #a2e3f402
 def _steps(v:float)->str:
     return "not reached" if not math.isfinite(v) else f"{v:.0f}"
 
-def verdict(
-    summary:pd.DataFrame, # one row per arm (`two_phase.compare`): model, seeds, reached, median_steps, q25/q75_steps, speedup, final_<split>
-    threshold:float=0.95, # the accuracy threshold the steps refer to
-    arm:str="learned", # the arm with learned nonlinearities
-    reference:str="standard", # the standard transformer
-    margin:float=1.2, # smallest speed-up (or slow-down) counted as a difference
-    metric:str="test sequence accuracy", # how the threshold's metric is named in the text
-)->dict:
-    "{'helped': True/False/None, 'text': one honest sentence with the numbers, 'speedup': median speed-up}."
-    s = summary.set_index("model")
-    for m in (arm, reference):
-        if m not in s.index: raise ValueError(f"no row {m!r} in the summary; it has {list(s.index)}")
-    a, r = s.loc[arm], s.loc[reference]
-    fin = next((c for c in s.columns if c.startswith("final_")), None)
-    n, ra, rr = int(a.seeds), int(a.reached), int(r.reached)
-    sp = float(a.get("speedup", math.nan))
-    thr = f"{threshold:.0%} {metric}"
-    facc = (f" Final {fin[6:]} accuracy: learned {a[fin]:.1%}, standard {r[fin]:.1%}." if fin else "")
-    med = lambda v: f"median {v:.0f} steps" if math.isfinite(v) else "median not reached"
-    reach = f"reached {thr} on {ra}/{n} seeds ({med(a.median_steps)}), the standard transformer on {rr}/{int(r.seeds)} ({med(r.median_steps)})"
-    if ra == 0 and rr == 0:
-        better = fin is not None and a[fin] > r[fin] + 0.05
-        if better: return {"helped": None, "speedup": sp, "text": f"Neither arm reached {thr} on any seed, so no speed-up could be measured; the learned nonlinearities ended with higher accuracy.{facc}"}
-        return {"helped": False, "speedup": sp, "text": f"The learned nonlinearities did not help at this size: neither arm reached {thr} on any seed within the budget, so no speed-up could be measured.{facc}"}
-    if ra > rr or (ra == rr and math.isfinite(sp) and sp >= margin) or (ra >= rr and math.isinf(sp)):
-        return {"helped": True, "speedup": sp, "text": f"The learned nonlinearities helped at this size: they {reach}; median speed-up {sp:.2f}× "
-                f"(Phase I not counted).{facc}"}
-    why = ("they reached the threshold on fewer seeds" if ra < rr else
-           "more than half of the seeds of each arm missed the threshold, so neither median is defined" if math.isinf(a.median_steps) and math.isinf(r.median_steps) else
-           f"they were slower (median speed-up {sp:.2f}×)" if sp < 1 / margin else
-           f"the two medians are within {margin:.1f}× of each other (speed-up {sp:.2f}×), inside the seed spread")
-    return {"helped": False, "speedup": sp, "text": f"The learned nonlinearities did not help at this size: {why}. The learned arm {reach}.{facc}"}
-
-# %% ../nbs/09e_report.ipynb #a2e3f402
 def seed_table(
     table:pd.DataFrame, # steps to threshold per (model, seed): columns model, seed, steps, reached
     arms:Optional[Sequence[str]]=None, # column order (default: as they appear)
@@ -190,6 +157,8 @@ def _add_curves(rep:Report, metrics:pd.DataFrame, threshold:Optional[float], spl
         if threshold is not None and split == "test": fig.add_hline(y=threshold, line_dash="dash", line_color="gray", annotation_text=f"threshold {threshold:g}")
         rep.figure(fig)
 
+_VERDICT_CLASS = {"reproduced": "helped", "reversed": "not-helped"}   # the page's colour of a verdict (others: unclear)
+
 def experiment_report(
     result:dict, # a registered experiment's result (`results.load_result(name, out)`)
     path:Union[str,Path], # where to write report.html
@@ -202,7 +171,7 @@ def experiment_report(
     rep = Report(s["title"], f"{s['experiment']} at {s['size']} size: Phase I, then Phase II over {len(st.seeds)} paired seeds per arm")
     rep.heading("Result").text(f"{head['verdict']}: {estimate_text(head['statistic'], head['estimate'], head['low'], head['high'])}, "
                                f"{head['arm']} against {head['reference']} over {head['seeds']} paired seeds; {head['why']}.",
-                               cls="verdict " + {"reproduced": "helped", "reversed": "not-helped"}.get(head["verdict"], "unclear"))
+                               cls="verdict " + _VERDICT_CLASS.get(head["verdict"], "unclear"))
     rep.text(f"Claim: {s['claim']} The paper: {s['paper']}").text(f"The rule, registered before the run: {head['rule']}.", cls="muted")
     if s["size"] == "smoke": rep.text("Smoke size: a tiny run that checks the pipeline; its numbers are not evidence either way.", cls="verdict unclear")
     rep.table(verdicts_frame(result))
@@ -266,8 +235,8 @@ def comparison_report(
     rep = Report(title)
     arms = set(summary.model) if "model" in summary else set()
     if threshold is not None and {"learned", "standard"} <= arms:
-        v = verdict(summary, threshold)
-        rep.heading("Result").text(v["text"], cls="verdict " + {True: "helped", False: "not-helped", None: "unclear"}[v["helped"]])
+        v = comparison_verdict(metrics, threshold)
+        rep.heading("Result").text(v["text"], cls="verdict " + _VERDICT_CLASS.get(v["verdict"], "unclear"))
     if lines: rep.heading("What was measured").bullets(lines)
     rep.heading("Table")
     if table is not None: rep.table(seed_table(table, [a for a in ("standard", "learned") if a in set(table.model)] or None))
@@ -341,3 +310,16 @@ def findings_html(
     head = "".join(f"<th>{h}</th>" for h in ("claim", "the paper", "ours (95% interval)", "verdict", "evidence"))
     return (f'<table class="dataframe findings"><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead><tbody>\n'
             + "\n".join(rows) + "\n</tbody></table>")
+
+# %% ../nbs/09e_report.ipynb #d4f07df4
+def comparison_verdict(
+    metrics:pd.DataFrame, # tidy metrics of both arms (the `model` column names the arm)
+    threshold:float=0.95, # the test accuracy that counts as learned
+    arm:str="learned", # the arm with the learned nonlinearities
+    reference:str="standard", # the standard transformer
+)->dict:
+    "The registered speed-up rule (`stats.decide`) applied to a comparison of two arms, with its decision said in one sentence (`text`)."
+    d = decide(Verdict(arm, reference), per_seed(metrics, threshold))
+    d["text"] = (f"{arm} vs {reference} over {d['seeds']} paired seeds: {d['verdict']}, "
+                 f"{estimate_text('speedup', d['estimate'], d['low'], d['high'])}; {d['why']}.")
+    return d

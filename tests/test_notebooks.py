@@ -49,7 +49,7 @@ def test_notebook(nb, staged, request, monkeypatch):
 
 
 # ---------------------------------------------------------------- the house: reading order and module boundaries
-import ast, json, re
+import ast, importlib, json, re
 from pathlib import Path
 
 PKG = Path(build_docs.NBS).parent / "spline_transformers"
@@ -228,6 +228,18 @@ def test_one_transfer_matrix():
     by_target = [(m, n.lineno) for m, t in trees.items() for n in ast.walk(t) if isinstance(n, ast.Call)
                  and getattr(n.func, "attr", None) == "pivot" and any(k.arg == "columns" and getattr(k.value, "value", None) == "target" for k in n.keywords)]
     assert not by_target, f"a (row, target) matrix built outside assemble_transfer (the old second implementation pivoted its own): {by_target}"
+
+
+def test_one_verdict_rule():
+    "A verdict is decided in one place, `stats.decide` (and `decide_diagonal` for a transfer matrix): the runner's results and the reports'"
+    " ad-hoc comparisons call it, and no other function returns a judgement of its own (the old `report.verdict` had a three-way rule)."
+    trees = {f.stem: ast.parse(f.read_text()) for f in sorted(PKG.glob("*.py")) if not f.stem.startswith("_")}
+    users = {(m, fn) for m, t in trees.items() for fn in _calls(t, "decide")}
+    assert {("runner", "_decisions"), ("report", "comparison_verdict")} <= users, users
+    judged = sorted((m, n.name) for m, t in trees.items() for n in ast.walk(t) if isinstance(n, ast.FunctionDef)
+                    and any(isinstance(k, ast.Constant) and k.value in ("helped", "not helped") for k in ast.walk(n)))
+    assert not judged, f"functions that judge a comparison by a rule of their own: {judged}"
+    assert not hasattr(importlib.import_module("spline_transformers.report"), "verdict")
 
 
 def test_imports_have_cells_of_their_own():
