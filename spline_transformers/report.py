@@ -29,6 +29,7 @@ from .viz import seed_band_figure, book_template, fit_figure
 from .model import Nonlinearities, nonlinearities_figure
 from .experiments import EXPERIMENTS
 from .stats import Verdict, decide, per_seed
+from .train import seed_quantiles
 from .results import arms_frame, verdicts_frame, seeds_frame, curves_figure, steps_figure, learned_splines_figure
 
 # %% ../nbs/09e_report.ipynb #cd925e3b
@@ -105,7 +106,7 @@ def seed_table(
     "Steps to threshold with one row per seed and one column per arm, plus median and IQR rows (strings, 'not reached' for inf)."
     arms = list(arms or dict.fromkeys(table.model))
     wide = table.pivot(index="seed", columns="model", values="steps").reindex(columns=arms)
-    def q(v, p): v = np.asarray(v, dtype=float); return float(np.quantile(v, p, method="lower")) if len(v) else math.nan
+    q = lambda v, p: seed_quantiles(v, (p,))[0]   # the book's one quantile method (chapter 7)
     rows = [[f"seed {s}"] + [_steps(v) for v in wide.loc[s]] for s in wide.index]
     rows.append(["median"] + [_steps(q(wide[a].dropna(), .5)) for a in arms])
     rows.append(["IQR (25–75%)"] + [f"{_steps(q(wide[a].dropna(), .25))}–{_steps(q(wide[a].dropna(), .75))}" for a in arms])
