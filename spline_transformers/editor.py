@@ -57,6 +57,7 @@ class SplineEditor:
         self._sliding = False    # True while an edit comes from the value slider (keep its range still)
         self.name = next(iter(self.refs))
         self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
+        self._ranges = []        # the ranges it gave the slider: the browser may clamp a late echo into one of them
         self._simulated = False  # True while `move_slider` plays the reader
         self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
         self.fig._config = dict(STATIC_CONFIG)
@@ -441,6 +442,7 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
             self.value_slider.value = y
             self.value_slider.min, self.value_slider.max = lo, hi
         self._echoes = self._echoes[-1023:] + [y]
+        self._ranges = self._ranges[-255:] + [(lo, hi)]
         self.knot_slider.value = k
     finally: self._quiet = was
 
@@ -456,6 +458,16 @@ def _on_knot(self:SplineEditor, k):
     finally: self._quiet = False
 
 @patch
+def _is_echo(self:SplineEditor, y:float):
+    "Whether the browser can send `y` on its own: a value this editor put on the value slider, or one clamped into a range it gave."
+    tol = self.value_slider.step / 2
+    if any(abs(y - e) <= tol for e in self._echoes): return True
+    # ipywidgets applies the echo of the browser's own last message even when a newer, narrower range has arrived since;
+    # the slider then clamps that stale value to the range's end and sends the end back (issue 28)
+    lowest, highest = min(self._echoes, default=math.inf), max(self._echoes, default=-math.inf)
+    return any((abs(y - lo) <= tol and lowest < lo) or (abs(y - hi) <= tol and highest > hi) for lo, hi in self._ranges)
+
+@patch
 def _on_value(self:SplineEditor, y):
     if self._quiet: return
     k = self.knot_slider.value
@@ -464,10 +476,10 @@ def _on_value(self:SplineEditor, y):
     else:
         # during Run All the browser's messages wait behind the queued cells, so it may echo, late, any value this
         # editor (or `move_slider`) put on the slider; only a value never sent is the reader's
-        if any(abs(y - e) <= self.value_slider.step / 2 for e in self._echoes):
+        if self._is_echo(y):
             self._sync_sliders(k, rescale=False)   # no edit, and the slider goes back to the knot's value (it showed
             return                                 # another spline's knot after a switch of the drop-down, issue 28)
-        self._echoes.clear()                   # the reader moves the slider: the kernel's earlier values are behind us
+        self._echoes.clear(); self._ranges.clear()   # the reader moves the slider: the kernel's earlier values are behind us
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"
     self._sliding = True
@@ -505,6 +517,7 @@ def move_slider(self:SplineEditor,
         self.knot_slider.value = k
         sl = self.value_slider
         sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
+        self._ranges.append((sl.min, sl.max))
         sl.value = y
     finally: self._simulated = False
 

@@ -301,3 +301,23 @@ def test_value_slider_follows_the_knot_when_the_spline_changes():
     ed.value_slider.send_state = lambda key=None: sent.append(key if key is None or isinstance(key, str) else set(key))
     ed.picker.set_state({"index": ed.picker.options.index("attn.0")})
     assert ed.value_slider.value == 0.5 and sent == [{"min", "max", "value"}], sent
+
+
+def test_late_echo_clamped_into_a_narrower_range_is_not_an_edit(spline):
+    """Issue 28: in JupyterLab the browser applies the echo of its own last message (the dragged knot's 6.0) after the undo's
+    narrower range has arrived, clamps it to that range's end and sends the end back; that value is the browser's, not the
+    reader's (CI saw `edits nobody made: knot 16 (slider)`). A reader who then moves the slider to the end still edits."""
+    v0 = spline.values.detach().clone()
+    ed = SplineEditor(spline)
+    ed.drag_knot(6, 6.0)                       # the slider's range grows to hold 6.0 ...
+    wide = ed.value_slider.max
+    ed.undo()                                  # ... and shrinks back with the undo
+    hi = ed.value_slider.max
+    assert hi < 6.0 < wide, (hi, wide)
+    for late in (6.0, hi):                     # the browser's echo of 6.0, then that echo clamped to the new range's end
+        ed.value_slider.set_state({"value": late})
+    assert ed.history == [] and torch.equal(spline.values.detach(), v0)
+    assert ed.value_slider.value == round(v0[6].item(), 3)         # the slider shows the knot again
+    ed.value_slider.set_state({"value": 0.5})  # the reader's own move ...
+    ed.value_slider.set_state({"value": float(ed.value_slider.max)})   # ... to the end of the range is an edit
+    assert len(ed.history) == 1 and spline.values[6].item() == pytest.approx(ed.value_slider.max)

@@ -247,7 +247,10 @@ def _check_after_run_all(page, editors=(), player=False):
     if editors:
         names = "(" + ", ".join(name for _, name in editors) + ",)"
         hist = _kjson(page, f"[[h[2] for h in e.history] for e in {names}]")
-        assert hist == [[]] * len(editors), f"edits nobody made: {hist}"
+        if hist != [[]] * len(editors):                 # what the browser sent, and what the editors had sent it
+            seen = _kjson(page, f"[dict(slider=[e.value_slider.value, e.value_slider.min, e.value_slider.max], "
+                                f"echoes=e._echoes[-6:], ranges=e._ranges[-6:]) for e in {names}]")
+            raise AssertionError(f"edits nobody made: {hist}; the editors' sliders: {seen}")
         assert _kjson(page, f"[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in {names}]") == [True] * len(editors)
     for prefix, name in editors:
         status = page.evaluate(f"() => [...({JS_CELL})({json.dumps(prefix)}).querySelectorAll('.widget-html')].map(e => e.textContent)"
