@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 # %% auto #0
-__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor', 'has_widget_frontend',
-           'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain',
-           'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect', 'live_editor_html',
-           'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model', 'load_live_model',
-           'TaskEffect', 'site_files']
+__all__ = ['ENV_WIDGETS', 'REFERENCES', 'LEGEND_INSIDE', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor',
+           'has_widget_frontend', 'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure',
+           'static_editor_html', 'plain', 'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect',
+           'live_editor_html', 'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model',
+           'load_live_model', 'TaskEffect', 'site_files']
 
 # %% ../nbs/10a_editor.ipynb #934f3ce2
 import json, base64
@@ -189,6 +189,8 @@ class Throttle:
 
 # %% ../nbs/10a_editor.ipynb #ec746903
 _KNOT_PX = 6   # radius of a knot circle in pixels (4 when there are more than 40 knots: circles must not overlap)
+# the editor's legends sit inside the plot's top-left corner: above the plot on the right they ran under plotly's toolbar
+LEGEND_INSIDE = dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)")
 
 def _knot_shape(x, y, color="#636efa", r=_KNOT_PX):
     return dict(type="circle", xref="x", yref="y", xsizemode="pixel", ysizemode="pixel", xanchor=float(x), yanchor=float(y),
@@ -218,7 +220,7 @@ def spline_figure(
     fig.update_layout(shapes=[_knot_shape(x, y, r=r) for x, y in zip(k, v)], height=380,
                       title=title or f"{ref.name}: {len(k)} knots on [{k[0]:g}, {k[-1]:g}]",
                       xaxis_title="x", yaxis_title="φ(x)", margin=dict(l=50, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                      legend=LEGEND_INSIDE)
     return fig
 
 # %% ../nbs/10a_editor.ipynb #0439faf0
@@ -596,7 +598,7 @@ def effect_figure(result, first=None, title:str="live effect")->go.Figure:
     title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(title, text)
     fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
     fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
-                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                      legend=LEGEND_INSIDE)
     if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar):   # bars: the legend under the plot, clear of the title
         fig.update_layout(barmode="group", legend=dict(y=-0.15, x=0.5, xanchor="center", yanchor="top"), margin_b=60)
     return fig

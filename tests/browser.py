@@ -117,7 +117,8 @@ FIGURE_JS = r"""() => {
     const titles = [...gd.querySelectorAll('.gtitle')].filter(shown);
     const mb = gd.querySelector('.modebar');
     if (mb && !(gd._context && gd._context.displayModeBar === false))
-      titles.forEach(t => { if (meet(box(t), box(mb))) probs.push(`the title ${say(t)} runs under the toolbar`); });
+      [...titles, ...[...gd.querySelectorAll('.legendtext')].filter(shown)].forEach(t => {
+        if (meet(box(t), box(mb))) probs.push(`${t.classList.contains('legendtext') ? 'the legend entry' : 'the title'} ${say(t)} runs under the toolbar`); });
     const texts = [...titles, ...gd.querySelectorAll('.annotation-text, .g-xtitle text, .g-ytitle text, .legendtext')].filter(shown);
     for (let a = 0; a < texts.length; a++) for (let b = a + 1; b < texts.length; b++)
       if (meet(box(texts[a]), box(texts[b]), 1)) probs.push(`${say(texts[a])} overlaps ${say(texts[b])}`);
