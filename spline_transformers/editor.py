@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 # %% auto #0
-__all__ = ['ENV_WIDGETS', 'REFERENCES', 'LEGEND_INSIDE', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor',
-           'has_widget_frontend', 'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure',
-           'static_editor_html', 'plain', 'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect',
-           'live_editor_html', 'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model',
-           'load_live_model', 'TaskEffect', 'site_files']
+__all__ = ['ENV_WIDGETS', 'REFERENCES', 'STATIC_CONFIG', 'RESETS', 'SITE_LIVE', 'SplineEditor', 'has_widget_frontend',
+           'reference_curve', 'SplineRef', 'find_splines', 'Throttle', 'spline_figure', 'static_editor_html', 'plain',
+           'LiveFigure', 'effect_traces', 'panel_title', 'effect_figure', 'PageEffect', 'live_editor_html',
+           'sync_figure_widget', 'SplineNet', 'FitEffect', 'live_dir', 'save_live_model', 'load_live_model',
+           'TaskEffect', 'site_files']
 
 # %% ../nbs/10a_editor.ipynb #934f3ce2
 import json, base64
@@ -56,8 +56,8 @@ class SplineEditor:
         self._quiet = False      # True while the editor itself updates widgets (ignore their events)
         self._sliding = False    # True while an edit comes from the value slider (keep its range still)
         self.name = next(iter(self.refs))
-        self._echoes = []        # values this editor put on the value slider: the browser may send them back, late
-        self._ranges = []        # the ranges it gave the slider: the browser may clamp a late echo into one of them
+        self._sent = []          # (value, min, max) this editor put on the value slider: the browser may send the value back,
+                                 # late, or clamp it into a later range and send that range's end
         self._simulated = False  # True while `move_slider` plays the reader
         self.fig = LiveFigure(spline_figure(self.ref, self._reference(), selected=0))
         self.fig._config = dict(STATIC_CONFIG)
@@ -190,7 +190,7 @@ class Throttle:
 # %% ../nbs/10a_editor.ipynb #ec746903
 _KNOT_PX = 6   # radius of a knot circle in pixels (4 when there are more than 40 knots: circles must not overlap)
 # the editor's legends sit inside the plot's top-left corner: above the plot on the right they ran under plotly's toolbar
-LEGEND_INSIDE = dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)")
+_LEGEND_INSIDE = dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.7)")
 
 def _knot_shape(x, y, color="#636efa", r=_KNOT_PX):
     return dict(type="circle", xref="x", yref="y", xsizemode="pixel", ysizemode="pixel", xanchor=float(x), yanchor=float(y),
@@ -220,7 +220,7 @@ def spline_figure(
     fig.update_layout(shapes=[_knot_shape(x, y, r=r) for x, y in zip(k, v)], height=380,
                       title=title or f"{ref.name}: {len(k)} knots on [{k[0]:g}, {k[-1]:g}]",
                       xaxis_title="x", yaxis_title="φ(x)", margin=dict(l=50, r=20, t=50, b=40),
-                      legend=LEGEND_INSIDE)
+                      legend=_LEGEND_INSIDE)
     return fig
 
 # %% ../nbs/10a_editor.ipynb #0439faf0
@@ -443,8 +443,7 @@ def _sync_sliders(self:SplineEditor, k:int, rescale:bool=True):
             self.value_slider.min, self.value_slider.max = min(lo, self.value_slider.min), max(hi, self.value_slider.max)
             self.value_slider.value = y
             self.value_slider.min, self.value_slider.max = lo, hi
-        self._echoes = self._echoes[-1023:] + [y]
-        self._ranges = self._ranges[-255:] + [(lo, hi)]
+        self._record_sent(y)
         self.knot_slider.value = k
     finally: self._quiet = was
 
@@ -460,28 +459,34 @@ def _on_knot(self:SplineEditor, k):
     finally: self._quiet = False
 
 @patch
+def _record_sent(self:SplineEditor, y:float):
+    "Remember that value `y` went to the value slider, with the slider's range (the last 1024 of them)."
+    self._sent = self._sent[-1023:] + [(y, self.value_slider.min, self.value_slider.max)]
+
+@patch
 def _is_echo(self:SplineEditor, y:float):
     "Whether the browser can send `y` on its own: a value this editor put on the value slider, or one clamped into a range it gave."
     tol = self.value_slider.step / 2
-    if any(abs(y - e) <= tol for e in self._echoes): return True
+    values = [e for e, _, _ in self._sent]
+    if any(abs(y - e) <= tol for e in values): return True
     # ipywidgets applies the echo of the browser's own last message even when a newer, narrower range has arrived since;
     # the slider then clamps that stale value to the range's end and sends the end back (issue 28)
-    lowest, highest = min(self._echoes, default=math.inf), max(self._echoes, default=-math.inf)
-    return any((abs(y - lo) <= tol and lowest < lo) or (abs(y - hi) <= tol and highest > hi) for lo, hi in self._ranges)
+    lowest, highest = min(values, default=math.inf), max(values, default=-math.inf)
+    return any((abs(y - lo) <= tol and lowest < lo) or (abs(y - hi) <= tol and highest > hi) for _, lo, hi in self._sent)
 
 @patch
 def _on_value(self:SplineEditor, y):
     if self._quiet: return
     k = self.knot_slider.value
     if abs(y - self.values[k].item()) <= self.value_slider.step / 2: return   # the browser rounding our own value to the step
-    if self._simulated: self._echoes.append(y)  # `move_slider` sets the value from Python: the browser may echo it too
+    if self._simulated: self._record_sent(y)    # `move_slider` sets the value from Python: the browser may echo it too
     else:
         # during Run All the browser's messages wait behind the queued cells, so it may echo, late, any value this
         # editor (or `move_slider`) put on the slider; only a value never sent is the reader's
         if self._is_echo(y):
             self._sync_sliders(k, rescale=False)   # no edit, and the slider goes back to the knot's value (it showed
             return                                 # another spline's knot after a switch of the drop-down, issue 28)
-        self._echoes.clear(); self._ranges.clear()   # the reader moves the slider: the kernel's earlier values are behind us
+        self._sent.clear()                     # the reader moves the slider: the kernel's earlier values are behind us
     last = self.history[-1] if self.history else None
     same_gesture = last is not None and last[0] == self.name and last[2] == f"knot {k} (slider)"
     self._sliding = True
@@ -519,7 +524,6 @@ def move_slider(self:SplineEditor,
         self.knot_slider.value = k
         sl = self.value_slider
         sl.min, sl.max = min(sl.min, math.floor(y)), max(sl.max, math.ceil(y))   # widen the range rather than clamp
-        self._ranges.append((sl.min, sl.max))
         sl.value = y
     finally: self._simulated = False
 
@@ -598,7 +602,7 @@ def effect_figure(result, first=None, title:str="live effect")->go.Figure:
     title = (result.layout.title.text if isinstance(result, go.Figure) else None) or panel_title(title, text)
     fig = go.Figure(data=traces, layout=(result.layout if isinstance(result, go.Figure) else None))
     fig.update_layout(height=300, margin=dict(l=50, r=20, t=50, b=40), title=title,
-                      legend=LEGEND_INSIDE)
+                      legend=_LEGEND_INSIDE)
     if not isinstance(result, go.Figure) and isinstance(traces[0], go.Bar):   # bars: the legend under the plot, clear of the title
         fig.update_layout(barmode="group", legend=dict(y=-0.15, x=0.5, xanchor="center", yanchor="top"), margin_b=60)
     return fig

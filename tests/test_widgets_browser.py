@@ -249,7 +249,7 @@ def _check_after_run_all(page, editors=(), player=False):
         hist = _kjson(page, f"[[h[2] for h in e.history] for e in {names}]")
         if hist != [[]] * len(editors):                 # what the browser sent, and what the editors had sent it
             seen = _kjson(page, f"[dict(slider=[e.value_slider.value, e.value_slider.min, e.value_slider.max], "
-                                f"echoes=e._echoes[-6:], ranges=e._ranges[-6:]) for e in {names}]")
+                                f"sent=e._sent[-6:]) for e in {names}]")
             raise AssertionError(f"edits nobody made: {hist}; the editors' sliders: {seen}")
         assert _kjson(page, f"[bool(torch.equal(e.values.detach(), e.learned[e.name])) for e in {names}]") == [True] * len(editors)
     for prefix, name in editors:
