@@ -450,16 +450,10 @@ def test_two_phase_chapter_runs_to_its_end_in_jupyterlab(browser):
         t0 = time.time()
         _run_all(page, timeout=840)
         took = time.time() - t0
-        codes = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => c.model.executionCount)")
-        assert all(codes), f"cells that did not run: {[i for i, n in enumerate(codes) if not n]}"
-        srcs = page.evaluate(f"() => ({JS_NB})().content.widgets.filter(c => c.model.type === 'code').map(c => c.model.sharedModel.getSource())")
-        demo, gpu = (next(i for i, s in enumerate(srcs) if cell in s) for cell in (DEMO_CELL, GPU_CELL))
-        printed = lambda i: "".join(o.get("text", "") for o in _cell_outputs(page, i, "stream"))
-        code_index = lambda i: page.evaluate(f"() => ({JS_NB})().content.widgets.findIndex(c => c === ({JS_NB})().content.widgets"
-                                             f".filter(c => c.model.type === 'code')[{i}])")
-        demo_out, gpu_out = printed(code_index(demo)), printed(code_index(gpu))
+        stream = lambda cell: "".join(o.get("text", "") for o in _cell_outputs(page, cell, "stream"))
+        demo_out, gpu_out = stream(DEMO_CELL), stream(GPU_CELL)
         assert "(the arms in two processes)" in demo_out and "(in parallel)" in demo_out, demo_out
-        table = [o for o in _cell_outputs(page, code_index(demo), "execute_result")]
+        table = _cell_outputs(page, DEMO_CELL, "execute_result")
         assert table and "speedup" in table[0]["data"]["text/plain"] and "learned" in table[0]["data"]["text/plain"], table
         assert _kjson(page, "[type(demo.config).__module__, demo.timings['phase2_processes']]") == ["__main__", 2]
         assert _kjson(page, "torch.cuda.is_available()") or "No CUDA device here" in gpu_out, gpu_out
@@ -471,11 +465,10 @@ def test_two_phase_chapter_runs_to_its_end_in_jupyterlab(browser):
         page.context.close()
 
 
-def _cell_outputs(page, i, kind=None):
-    "The outputs (nbformat JSON) of code cell number `i` (or the cells of a slice) of the notebook, of type `kind` if given."
-    sl = (i.start or 0, i.stop) if isinstance(i, slice) else (i, i + 1)
-    outs = page.evaluate(f"() => ({JS_NB})().content.widgets.slice({sl[0]}, {sl[1]}).filter(c => c.model.type === 'code')"
-                         ".flatMap(c => c.model.outputs.toJSON())")
+def _cell_outputs(page, prefix, kind=None):
+    "The outputs (nbformat JSON) of the code cell whose source contains `prefix`, of type `kind` if given."
+    outs = page.evaluate(f"""() => ({JS_NB})().content.widgets.find(c => c.model.type === 'code' &&
+                                c.model.sharedModel.getSource().includes({json.dumps(prefix)})).model.outputs.toJSON()""")
     return [o for o in outs if kind is None or o["output_type"] == kind]
 
 
