@@ -85,6 +85,13 @@ class Phase1Run:
     seeds:tuple=(100, 101, 102, 103) # the M model seeds (disjoint from every Phase II seed)
     arch:tuple=() # changes to the setting's architecture, as (field, value) pairs
     p1:tuple=() # changes to the setting's Phase1Config, as (field, value) pairs
+    train:tuple=() # changes to the setting's Phase I TrainConfig, as (field, value) pairs (e.g. a shorter run for an ablation)
+
+    def to_dict(self)->dict:
+        "The run as JSON-able data (`train` only when it changes something, so older results keep their hash)."
+        d = asdict(self)
+        if not d["train"]: d.pop("train")
+        return d
 
 @dataclass(frozen=True)
 class Arm:
@@ -95,11 +102,18 @@ class Arm:
     attn:bool=False # "init": freeze a spline attention kernel
     arch:tuple=() # changes to the setting's architecture for this arm, as (field, value) pairs
     form:str="spline" # how Phase I splines are applied (`Nonlinearities.in_form`): "spline", "polynomial:24", "smooth:2", "symmetrise"
+    splines:str="final" # which Phase I splines: "final" (the run's last step) | "best" (lowest mean D_arch loss at an evaluation)
+
+    def __post_init__(self):
+        check_option(self.splines, ("final", "best"), "splines")
+        if self.splines == "best" and not self.source.startswith("phase1:"):
+            raise ValueError(f"arm {self.name!r}: splines='best' needs Phase I splines; give it source 'phase1:NAME'")
 
     def to_dict(self)->dict:
-        "The arm as JSON-able data (`form` only when it is not the plain spline, so older results keep their hash)."
+        "The arm as JSON-able data (`form` and `splines` only when they are not the defaults, so older results keep their hash)."
         d = asdict(self)
         if d["form"] == "spline": d.pop("form")
+        if d["splines"] == "final": d.pop("splines")
         return d
 
 # %% ../nbs/09_experiments.ipynb #7afa045e
@@ -122,7 +136,7 @@ class Setting:
         "The setting as JSON-able data."
         return {"task_params": dict(self.task_params), "arch": self.arch.to_dict(), "train": self.train.to_dict(),
                 "phase1_train": self.phase1_train.to_dict(), "p1": self.p1.to_dict(),
-                "phase1_runs": [asdict(r) for r in self.phase1_runs], "arms": [a.to_dict() for a in self.arms],
+                "phase1_runs": [r.to_dict() for r in self.phase1_runs], "arms": [a.to_dict() for a in self.arms],
                 "seeds": list(self.seeds), "threshold": self.threshold, "metric": self.metric, "eval_by": list(self.eval_by)}
 
 # %% ../nbs/09_experiments.ipynb #368d4324
@@ -145,7 +159,7 @@ def _phase1_cell(exp:Experiment, size:str, run:Phase1Run)->Cell:
     s = exp.setting(size)
     spec = {"kind": "phase1", "task": exp.task, "task_params": dict(s.task_params),
             "arch": spline_arch(_changed(s.arch, run.arch), mlp=run.mlp, attn=run.attn).to_dict(),
-            "train": _device_free(s.phase1_train), "p1": replace(_changed(s.p1, run.p1), n_models=len(run.seeds), seeds=run.seeds).to_dict()}
+            "train": _device_free(_changed(s.phase1_train, run.train)), "p1": replace(_changed(s.p1, run.p1), n_models=len(run.seeds), seeds=run.seeds).to_dict()}
     return Cell(content_hash(spec), spec, (), f"{exp.name}/phase1/{run.name}")
 
 def _source_cell(exp:Experiment, size:str, ref:str)->Cell:
@@ -175,6 +189,7 @@ def cells(exp:Experiment, size:str)->list:
                 src = _source_cell(exp, size, refs[i % len(refs)])
                 spec["nonlinearities"] = {"phase1": src.key}; deps = (src.key,)
                 if arm.form != "spline": spec["nonlinearities"]["form"] = arm.form
+                if arm.splines != "final": spec["nonlinearities"]["splines"] = arm.splines
             elif arm.form != "spline": raise ValueError(f"{exp.name}: arm {arm.name!r} has form {arm.form!r} but no Phase I splines; give it source 'phase1:NAME'")
             elif arm.source == "init": spec["nonlinearities"] = {"init": {"mlp": arm.mlp, "attn": arm.attn}}
             elif arm.source != "standard": raise ValueError(f"{exp.name}: arm {arm.name!r} has source {arm.source!r}; use 'standard', 'init' or 'phase1:NAME'")

@@ -316,6 +316,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
         if nl == "standard": res = baseline(task, arch, cfg, seeds=seeds, name=name, resume=resume)
         elif "phase1" in nl:
             src = root / nl["phase1"] / "phase1"
+            if nl.get("splines") == "best": src = src / "best.safetensors"   # the splines with the lowest D_arch loss, not the last step's
             res = phase2(task, as_nonlinearities(src).in_form(nl["form"]) if "form" in nl else src, arch, cfg, seeds=seeds, name=name, resume=resume)
         elif "file" in nl:
             splines = as_nonlinearities(nl["file"])
