@@ -445,12 +445,21 @@ def _child_main(argv:list):
     "A child's life (`ChildProcess`): bound to its parent, import the target, wait for the call on stdin, run it, write the answer as JSON."
     target, parent, result, threads = argv[:4]   # argv[4], the child's name, is there for `ps`
     _die_with_parent(int(parent))
+    if not _child_call(target, result, threads, sys.stdin.buffer.read): sys.exit(1)
+
+def _child_call(
+    target:str, # "module:function"
+    result:str, # where the answer goes (JSON)
+    threads:str, # torch's threads ("" leaves its default)
+    orders:Callable, # () -> the call as JSON bytes, waiting for it (b"": stopped before a call was sent)
+)->bool:
+    "Import `target`, wait for the call, run it and write the answer; False if it raised."
     if threads: torch.set_num_threads(int(threads))
     try:
         fn = _target(target)   # imported while the parent works on: the call comes when it is ready
-        orders = sys.stdin.buffer.read()
-        if not orders: return   # stopped before it was sent a call
-        call = json.loads(orders)
+        data = orders()
+        if not data: return True   # stopped before it was sent a call
+        call = json.loads(data)
         answer, ok = json.dumps({"status": "ok", "value": fn(*call["args"], **call["kwargs"])}), True
     except BaseException as e:
         traceback.print_exc()   # into the log
@@ -458,7 +467,145 @@ def _child_main(argv:list):
                                  "attrs": _json_attrs(e), "traceback": traceback.format_exc()}), False
     sys.stdout.flush(); sys.stderr.flush()
     atomic_write(result, answer)
-    if not ok: sys.exit(1)
+    return ok
+
+_WARM_ENV = "SPLINE_TRANSFORMERS_WARM_START"   # "0": every child is a fresh interpreter that imports everything itself
+_WARM_CODE = "import sys; from spline_transformers.core import _warm_main; _warm_main(sys.argv[1:])"
+_CALL_FILE = "call.json"   # in a warm child's private folder: the call `send` writes
+
+def _warm_main(argv:list):
+    """A warm starter's life (`_WarmStarter`): bound to its parent, it imports torch (and every target it is asked for) but runs
+    nothing, then forks one child per request line on stdin and reports each child's pid and exit status as lines on stdout."""
+    import ctypes, select
+    parent = int(argv[0])
+    try: ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG: dies with its parent
+    except (OSError, AttributeError): pass
+    if os.getppid() != parent: os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle; it stops the children itself
+    report, stdin = os.dup(1), sys.stdin.buffer.raw
+    os.dup2(2, 1)   # what imports print goes to stderr, never into the reports
+    def say(msg:dict):
+        try: os.write(report, (json.dumps(msg) + "\n").encode())
+        except OSError: pass   # the parent stopped listening (it closed this starter, or ended)
+    import torch._dynamo   # every optimizer imports it on first use: seconds that each child would spend again
+    say({"ready": os.getpid()})
+    pending, live, closed = b"", {}, False   # live: pid -> request id
+    while not (closed and not live):   # the parent closed the pipe: no more children; the live ones finish first
+        if os.getppid() != parent: os._exit(1)
+        readable, _, _ = select.select([] if closed else [stdin], [], [], 0.05)
+        if readable:
+            chunk = os.read(stdin.fileno(), 1 << 16)
+            closed = not chunk
+            pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            req = json.loads(line)
+            try: _target(req["target"])   # import it here once; an import error is the child's to report
+            except BaseException: pass
+            sys.stdout.flush(); sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0: _warm_child(req, report)
+            live[pid] = req["id"]; say({"forked": req["id"], "pid": pid})
+        while live:
+            try: pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError: break
+            if pid == 0: break
+            say({"exit": live.pop(pid, None), "code": os.waitstatus_to_exitcode(status)})
+    os._exit(0)
+
+def _warm_child(req:dict, report:int):
+    "A forked child of the warm starter: becomes what a fresh child would be (its log, folder, environment, parent), runs the call, exits."
+    code = 1
+    try:
+        os.close(report); signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY); os.dup2(null, 0); os.close(null)
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666); os.dup2(log, 1); os.dup2(log, 2); os.close(log)
+        os.chdir(req["cwd"]); os.environ.clear(); os.environ.update(req["env"])
+        _retitle(["python", "(warm start)", req["target"], req["name"]])   # what `ps` shows: what the child runs, as a fresh child's command line
+        _die_with_parent(os.getppid())   # the warm starter, which dies with the parent
+        call = Path(req["folder"]) / _CALL_FILE
+        def orders()->bytes:
+            while not call.is_file(): time.sleep(0.005)
+            return call.read_bytes()
+        code = 0 if _child_call(req["target"], req["result"], req["threads"], orders) else 1
+    except SystemExit as e: code = e.code if isinstance(e.code, int) else 1
+    except BaseException: traceback.print_exc()
+    finally:
+        try:
+            import atexit; atexit._run_exitfuncs()
+            sys.stdout.flush(); sys.stderr.flush()
+        finally: os._exit(code)
+
+def _retitle(words:list):
+    "Write `words` over this process's command line (Linux: its argv memory, which the starter padded), for `ps`."
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48 and 49 of stat)
+        data = "\0".join(words).encode()[:end - start - 1]
+        with open("/proc/self/mem", "r+b", buffering=0) as mem: mem.seek(start); mem.write(data.ljust(end - start, b"\0"))
+    except (OSError, ValueError, IndexError): pass   # only `ps` loses
+
+class _WarmStarter:
+    "One warm interpreter per environment, working directory and state of the package's source: it forks the children of this process."
+    _all = {}   # key -> _WarmStarter, the most recently used last
+    KEEP = 4   # starters kept at once (each holds torch's imports, ~0.3 GB): an older one is closed, and ends when its children have
+
+    @classmethod
+    def get(cls, env:dict)->Optional["_WarmStarter"]:
+        "The starter for a child with environment `env`, started if needed; None where children must be fresh interpreters."
+        if (env.get(_WARM_ENV, os.environ.get(_WARM_ENV, "1")) == "0" or not hasattr(os, "fork") or sys.platform != "linux"
+                or threading.current_thread() is not threading.main_thread()): return None   # a thread's children die with the thread
+        src = Path(__file__).parent
+        stamp = max((f.stat().st_mtime_ns for f in src.glob("*.py")), default=0)   # edited source: a new starter imports it
+        key = content_hash({"env": env, "cwd": os.getcwd(), "exe": sys.executable, "src": stamp, "pid": os.getpid()})
+        s = cls._all.pop(key, None)
+        if s is None or not s.alive: s = cls(env)
+        cls._all[key] = s
+        while len(cls._all) > cls.KEEP: cls._all.pop(next(iter(cls._all))).close()
+        return s if s.alive else None
+
+    def close(self):
+        "No more children from this starter: it ends when its running children have."
+        try: self.proc.stdin.close()
+        except OSError: pass
+
+    def __init__(self, env:dict):
+        self.proc = subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.cond, self.replies, self.exits, self.ready, self.n = threading.Condition(), {}, {}, False, 0
+        threading.Thread(target=self._read, daemon=True, name="warm-starter-reports").start()
+
+    @property
+    def alive(self)->bool: return self.proc.poll() is None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self.cond:
+                if "ready" in msg: self.ready = True
+                elif "forked" in msg: self.replies[msg["forked"]] = msg["pid"]
+                elif "exit" in msg: self.exits[msg["exit"]] = msg["code"]
+                self.cond.notify_all()
+        with self.cond: self.cond.notify_all()
+
+    def start(self, request:dict)->Optional[int]:
+        "Fork a child for `request`: its (id, pid), or None if the starter died (the caller starts a fresh interpreter)."
+        with self.cond:
+            self.n += 1; rid = self.n
+            try: self.proc.stdin.write((json.dumps({**request, "id": rid}) + "\n").encode()); self.proc.stdin.flush()
+            except (BrokenPipeError, OSError): return None
+            while rid not in self.replies and self.alive: self.cond.wait(0.5)
+            return (rid, self.replies.pop(rid)) if rid in self.replies else None
+
+    def exit_code(self, rid:int, timeout:Optional[float]=0.0)->Optional[int]:
+        "The exit status of child `rid` (negative: killed by that signal), or None while it runs after waiting `timeout` s (None: until it ends)."
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while rid not in self.exits and self.alive:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0: break
+                self.cond.wait(0.5 if left is None else min(left, 0.5))
+            if rid in self.exits: return self.exits[rid]
+            return None if self.alive else -int(signal.SIGKILL)   # the starter died, and its children with it (their parent-death signal)
 
 def _child_error(info:dict, name:str)->BaseException:
     "A child's error report as an exception: a built-in type as itself, any other as a RuntimeError naming it."
@@ -487,28 +634,44 @@ class ChildProcess:
         self.folder = Path(tempfile.mkdtemp(prefix=f".{_CHILD_TEMP}{TEMP_MARK}{os.getpid()}-", dir=tmp))
         self.log, self.answer = Path(log) if log is not None else self.folder / "log.txt", self.folder / "answer.json"
         e = {**os.environ, **({} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}), **(env or {})}
-        with open(self.log, "ab") as f:
-            self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer),
-                                          "" if threads is None else str(threads), self.name],
-                                         stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e)
+        self.proc, self.warm = None, None
+        starter = _WarmStarter.get(e)
+        if starter is not None:   # forked from a warm interpreter of the same environment: no seconds of imports
+            open(self.log, "ab").close()
+            started = starter.start({"target": target, "result": str(self.answer), "threads": "" if threads is None else str(threads),
+                                     "log": str(self.log), "cwd": os.getcwd(), "env": e, "folder": str(self.folder), "name": self.name})
+            if started is not None: self.warm, self._pid = (starter, started[0]), started[1]
+        if self.warm is None:
+            with open(self.log, "ab") as f:
+                self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer),
+                                              "" if threads is None else str(threads), self.name],
+                                             stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e)
 
     @property
     def pid(self)->int:
         "The child's process id."
-        return self.proc.pid
+        return self.proc.pid if self.warm is None else self._pid
 
     def send(self, *args, **kwargs)->"ChildProcess":
         "Send the call's arguments (JSON-able) to the child, which then runs it; returns self."
         if self.sent: raise RuntimeError(f"{self.name}: its call was sent already")
         data = json.dumps({"args": list(args), "kwargs": kwargs}).encode()   # not JSON-able: a TypeError here, before sending
         self.sent = True
+        if self.warm is not None: atomic_write(self.folder / _CALL_FILE, data); return self
         try: self.proc.stdin.write(data); self.proc.stdin.close()
         except BrokenPipeError: pass   # the child has ended already: `result` says why
         return self
 
     def poll(self)->Optional[int]:
         "The child's exit code, or None while it runs."
-        return self.proc.poll()
+        return self.proc.poll() if self.warm is None else self.warm[0].exit_code(self.warm[1])
+
+    def _wait(self, timeout:Optional[float]=None)->int:
+        "Wait for the child's end: its exit code (`subprocess.TimeoutExpired` after `timeout` s)."
+        if self.warm is None: return self.proc.wait(timeout)
+        code = self.warm[0].exit_code(self.warm[1], timeout)
+        if code is None: raise subprocess.TimeoutExpired(self.name, timeout)
+        return code
 
     def result(self,
                rebuild:Optional[Callable]=None, # rebuild(error report: dict) -> the caller's own exception, or None for the default
@@ -516,7 +679,7 @@ class ChildProcess:
               ):
         "Wait for the child: its function's return value, or its error raised here."
         if not self.sent: raise RuntimeError(f"{self.name}: send the call before asking for its result")
-        code = self.proc.wait(timeout)
+        code = self._wait(timeout)
         try:
             if not self.answer.is_file():
                 tail = " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-3:]) if self.log.is_file() else ""
@@ -531,13 +694,19 @@ class ChildProcess:
 
     def stop(self):
         "End the child if it still runs (SIGTERM, then SIGKILL after 5 s) and remove its temporary files."
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try: self.proc.wait(5)
-            except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
-        try: self.proc.stdin.close()
-        except OSError: pass
+        if self.poll() is None:
+            self._signal(signal.SIGTERM)
+            try: self._wait(5)
+            except subprocess.TimeoutExpired: self._signal(signal.SIGKILL); self._wait()
+        if self.warm is None:
+            try: self.proc.stdin.close()
+            except OSError: pass
         self._clean()
+
+    def _signal(self, sig:int):
+        if self.warm is None: return self.proc.send_signal(sig)
+        try: os.kill(self._pid, sig)
+        except ProcessLookupError: pass   # ended meanwhile
 
     def _clean(self): shutil.rmtree(self.folder, ignore_errors=True)
     def __enter__(self): return self

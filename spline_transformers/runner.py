@@ -206,7 +206,7 @@ def run_scheduled(
                 el = time.perf_counter() - t0
                 say(f"[{n_done}/{total}] {_job_label(group)} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(el / n_done * (total - n_done))}")
                 if after: after()
-            if not running and left and not ready:
+            if not running and left and not any(all(_is_done(root, d) for d in c.deps) for c in left.values()):   # asked again: a job that just ended may have made some ready
                 raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
     finally:
         for _, p, _ in running.values(): p.stop()

@@ -279,3 +279,28 @@ def test_child_process_mechanics(tmp_path):
     assert idle.poll() is not None and not any(f.exists() for f in folders)
     with pytest.raises(RuntimeError, match="sent already"): one.send()
     with pytest.raises(ValueError, match="threads"): ChildProcess("time:sleep", threads=0)
+
+
+def test_a_warm_child_is_a_fresh_child_without_the_imports(tmp_path, monkeypatch):
+    """Forked from the warm starter or started as a fresh interpreter, a child has the environment it was given and a runner's cell
+    trains to the same bits; only the warm one is not this process's own child (the starter forked it)."""
+    import threading
+    from spline_transformers.experiments import cells
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_experiment import tiny_experiment
+    cell = next(c for c in cells(tiny_experiment(), "smoke") if "/standard/" in c.label)
+    env, bits = {"SPLINE_TRANSFORMERS_THREADS": "1"}, {}   # one environment: one starter
+    for warm in ("0", "1"):
+        monkeypatch.setenv("SPLINE_TRANSFORMERS_WARM_START", warm)
+        root = tmp_path / f"warm{warm}"; (root / cell.key).mkdir(parents=True)
+        p = ChildProcess("spline_transformers.runner:cell_main", env=env)
+        assert (p.warm is not None) == (warm == "1")
+        p.send([{"key": cell.key, "spec": cell.spec, "deps": [], "label": cell.label}], str(root), "cpu").result()
+        bits[warm] = (root / cell.key / "metrics.csv").read_bytes()
+        assert (ChildProcess("os:getppid", env=env).send().result() == os.getpid()) == (warm == "0")
+        assert ChildProcess("os:getenv", env=env).send("SPLINE_TRANSFORMERS_THREADS").result() == "1"
+    assert bits["0"] == bits["1"]
+    box = []
+    t = threading.Thread(target=lambda: box.append(ChildProcess("os:getpid", env=env))); t.start(); t.join()
+    assert box[0].warm is None   # a thread's child is a fresh interpreter: a starter made by a thread would die with it
+    box[0].stop()

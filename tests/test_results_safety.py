@@ -347,3 +347,17 @@ def test_redecide_decides_a_committed_result_again_and_refuses_other_cells(tmp_p
     s["cells_hash"] = before["cells_hash"]; (tmp_path / "add" / "summary.json").write_text(json.dumps(s))
     m = pd.read_csv(tmp_path / "add" / "metrics.csv"); m[m.seed != 9].to_csv(tmp_path / "add" / "metrics.csv", index=False)
     with pytest.raises(ValueError, match="arms and seeds"): redecide("add", tmp_path)
+
+
+def test_cells_waiting_for_the_last_running_job_run_when_it_ends(tiny, tmp_path, monkeypatch):
+    """A resume whose one running job is the Phase I cell the other cells wait for (the standard arm done before a kill):
+    when it ends, the scheduler asks again which cells are ready, instead of reporting them as waiting for unscheduled cells.
+    The scheduler's pause is stretched to 3 s so that the job writes its answer and exits within one pause, as a fast one does."""
+    from spline_transformers.runner import run_scheduled
+    sleep = time.sleep
+    monkeypatch.setattr(ex.time, "sleep", lambda s: sleep(max(s, 3.0)))
+    root = tmp_path / ".cells"
+    left = {c.key: c for c in cells(tiny, "smoke") if "/standard/" not in c.label}
+    assert any(c.spec["kind"] == "phase1" for c in left.values()) and all(c.deps for c in left.values() if c.spec["kind"] == "train")
+    run_scheduled(left, root, jobs=2)
+    assert all((root / k / "done.json").is_file() for k in left)
