@@ -37,12 +37,16 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
 
 
 def cpu_line():
-    "The CPU model and which SIMD extensions it has (from /proc/cpuinfo), for the line above a table."
+    """The CPU model (with its x86 family and model numbers: a VM may call a Zen 3 and a Zen 4 both "AMD EPYC") and
+    which SIMD extensions it has (from /proc/cpuinfo), for the line above a table."""
     from spline_transformers.core import cpu_model
-    flags = set()
+    flags, ids = set(), {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith(("flags", "Features")): flags = set(line.split(":", 1)[1].split()); break
+            key = line.split(":", 1)[0].strip()
+            if key in ("cpu family", "model") and key not in ids: ids[key] = line.split(":", 1)[1].strip()
+            if key in ("flags", "Features"): flags = set(line.split(":", 1)[1].split()); break
     except OSError: pass
     have = [f for f in SIMD_FLAGS if f in flags]
-    return f"CPU: {cpu_model()}, {os.cpu_count()} cores; SIMD: {' '.join(have) if have else 'unknown'}"
+    fam = f" (family {ids['cpu family']} model {ids['model']})" if len(ids) == 2 else ""
+    return f"CPU: {cpu_model()}{fam}, {os.cpu_count()} cores; SIMD: {' '.join(have) if have else 'unknown'}"

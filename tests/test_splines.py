@@ -523,3 +523,27 @@ def test_bitwise_deterministic_across_threads_and_runs(backend, shape, S, dim, e
     for n, got in runs[1:]:
         for what, a, b in zip(("value", "input gradient", "keypoint gradient"), ref, got):
             assert torch.equal(a, b), f"{backend}: {what} differs between 1 and {n} threads ({shape}, {dtype}, S={S})"
+
+
+@pytest.mark.slow
+def test_kernel_code_paths_give_bitwise_equal_gradients():
+    "The fused kernel built as is, without AVX-512 and without AVX2 (three code paths on an AVX-512 CPU): the same gradients, bit for bit."
+    from spline_transformers.core import CPP_FLAGS, build_cpp_extension
+    mods = {}
+    for tag, extra in [("native", []), ("no-avx512", ["-mno-avx512f"]), ("no-avx2", ["-mno-avx2", "-mno-fma"])]:
+        module, why = build_cpp_extension("spline_transformers_cpu_", sp.CPP_SOURCE, ["spline_forward", "spline_backward"],
+                                          flags=CPP_FLAGS + extra)
+        if module is None: pytest.skip(why)   # no compiler or ninja: nothing to compare
+        mods[tag] = module
+    g = torch.Generator().manual_seed(3)
+    for shape, S, inner in [((7, 131, 97), 1, 1), ((6, 5, 333), 5, 333), ((40, 7, 3), 7, 3)]:
+        for K in (5, 16, 33, 64, 100, 129):   # every register-table size of both vector paths, and gathers / scalar above
+            for linear in (False, True):
+                x = torch.randn(*shape, generator=g) * 3
+                x.view(-1)[::997] = float("nan"); x.view(-1)[5::1999] = float("inf"); x.view(-1)[7::1999] = -float("inf")
+                w, v = torch.randn(*shape, generator=g), torch.randn(S, K, generator=g)
+                got = {t: m.spline_backward(w, x, v, -4.0, 4.0, linear, S, inner, True, True) for t, m in mods.items()}
+                for t in ("no-avx512", "no-avx2"):
+                    for what, a, b in zip(("input gradient", "keypoint gradient"), got["native"], got[t]):
+                        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)), \
+                            f"{what} differs between the native and the {t} build (shape {shape}, S={S}, K={K}, linear={linear})"
