@@ -407,7 +407,7 @@ class FolderLock:
     def __exit__(self, *exc): self.release()
 
 # %% ../nbs/00_core.ipynb #af65eb4b
-import builtins, importlib, signal, traceback
+import atexit, builtins, importlib, signal, traceback
 from typing import Callable
 
 _CHILD_CODE = "import sys; from spline_transformers.core import _child_main; _child_main(sys.argv[1:])"
@@ -569,7 +569,18 @@ class _WarmStarter:
         try: self.proc.stdin.close()
         except OSError: pass
 
+    @classmethod
+    def close_all(cls, wait:float=10.0):
+        "At exit: close every starter and reap those that end within `wait` s, so that their children's CPU time counts as this process's children's (`times`, `getrusage`)."
+        starters, cls._all = list(cls._all.values()), {}
+        for s in starters: s.close()
+        end = time.monotonic() + wait
+        for s in starters:
+            try: s.proc.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired: pass   # a child still runs: the starter dies with this process (parent-death signal)
+
     def __init__(self, env:dict):
+        if not _WarmStarter._all: atexit.register(_WarmStarter.close_all)
         self.proc = subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.cond, self.replies, self.exits, self.ready, self.n = threading.Condition(), {}, {}, False, 0
         threading.Thread(target=self._read, daemon=True, name="warm-starter-reports").start()
