@@ -469,6 +469,16 @@ def _child_call(
     atomic_write(result, answer)
     return ok
 
+def _child_error(info:dict, name:str)->BaseException:
+    "A child's error report as an exception: a built-in type as itself, any other as a RuntimeError naming it."
+    msg, kind = info["message"], info["type"]
+    cls = getattr(builtins, kind, None) if info.get("module") == "builtins" else None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        try: return cls(msg)
+        except Exception: pass
+    return RuntimeError(f"{name} failed: {kind}: {msg}")
+
+# %% ../nbs/00_core.ipynb #b3f0a7e1
 _WARM_ENV = "SPLINE_TRANSFORMERS_WARM_START"   # "0": every child is a fresh interpreter that imports everything itself
 _WARM_CODE = "import sys; from spline_transformers.core import _warm_main; _warm_main(sys.argv[1:])"
 _CALL_FILE = "call.json"   # in a warm child's private folder: the call `send` writes
@@ -536,6 +546,7 @@ def _warm_child(req:dict, report:int):
             sys.stdout.flush(); sys.stderr.flush()
         finally: os._exit(code)
 
+# %% ../nbs/00_core.ipynb #b3f0a7e2
 def _retitle(words:list):
     "Write `words` over this process's command line (Linux: its argv memory, which the starter padded), for `ps`."
     try:
@@ -617,15 +628,6 @@ class _WarmStarter:
                 self.cond.wait(0.5 if left is None else min(left, 0.5))
             if rid in self.exits: return self.exits[rid]
             return None if self.alive else -int(signal.SIGKILL)   # the starter died, and its children with it (their parent-death signal)
-
-def _child_error(info:dict, name:str)->BaseException:
-    "A child's error report as an exception: a built-in type as itself, any other as a RuntimeError naming it."
-    msg, kind = info["message"], info["type"]
-    cls = getattr(builtins, kind, None) if info.get("module") == "builtins" else None
-    if isinstance(cls, type) and issubclass(cls, BaseException):
-        try: return cls(msg)
-        except Exception: pass
-    return RuntimeError(f"{name} failed: {kind}: {msg}")
 
 # %% ../nbs/00_core.ipynb #21784527
 class ChildProcess:
@@ -723,6 +725,7 @@ class ChildProcess:
     def __enter__(self): return self
     def __exit__(self, *exc): self.stop()
 
+# %% ../nbs/00_core.ipynb #b3f0a7e3
 def run_in_processes(
     calls:Iterable, # (target, arguments) pairs: a "module:function" and a list of positional or a dict of keyword arguments
     jobs:int=1, # children at once

@@ -15,7 +15,7 @@ from spline_transformers.runner import cell_problem, reproduce
 from spline_transformers.results import load_result, findings_table, StaleResult
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_experiment import NAME, tiny  # noqa: E402,F401  (tiny: the fixture)
+from tiny_experiment import LONG_ENV, NAME, tiny  # noqa: E402,F401  (tiny: the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [sys.executable, str(Path(__file__).parent / "tiny_experiment.py")]   # the command line with `tiny` registered
@@ -223,8 +223,9 @@ def _start_and_wait_for_a_cell(cmd, out:Path, timeout:float=120)->subprocess.Pop
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_cells_die_with_their_runner(tiny, tmp_path, sig):
+def test_cells_die_with_their_runner(tiny, tmp_path, sig, monkeypatch):
     "N2: kill -9 or kill -TERM the runner (--jobs 2): its cell processes end too; TERM prints one line and exits 130."
+    monkeypatch.setenv(LONG_ENV, "1500")   # Phase II cells of seconds, so that the signal comes while they train (the run and its resume alike)
     out = tmp_path / f"k{int(sig)}"
     p = _start_and_wait_for_a_cell(TINY + ["reproduce", NAME, "--size", "smoke", "--out", str(out), "--jobs", "2"], out)
     p.send_signal(sig); _, err = p.communicate(timeout=60)

@@ -2,7 +2,7 @@
 
 `register_tiny()` adds it to the registry of this process only; `python tests/tiny_experiment.py ARGS` runs the command line
 with it registered, so that a test can kill a real `reproduce` process at any moment."""
-import sys
+import os, sys
 from dataclasses import replace
 
 import pytest
@@ -12,6 +12,7 @@ from spline_transformers.stats import Verdict
 import spline_transformers.registry  # noqa: F401  (the book's experiments, which the tiny one is cut from)
 
 NAME = "tiny"
+LONG_ENV = "TINY_SMOKE_STEPS"   # the smoke size's Phase II steps (default 10): a test that kills a run mid-cell makes its cells long
 
 def tiny_experiment()->Experiment:
     "Parentheses at a tenth of its smoke size: one Phase I run of two models, two arms of two seeds (5 cells, seconds each)."
@@ -23,7 +24,7 @@ def tiny_experiment()->Experiment:
                        phase1_runs=(Phase1Run("mlp_r0", seeds=(100, 101)),), arms=(Arm("standard"), Arm("learned", "phase1:mlp_r0")),
                        seeds=(0, 1))
     return Experiment(NAME, "tiny", claim="A test's experiment.", paper="none", task="parentheses",
-                      sizes={"smoke": sized(10), "cpu": sized(15), "gpu": sized(20)}, verdicts=(Verdict("learned"),))
+                      sizes={"smoke": sized(int(os.environ.get(LONG_ENV, 10))), "cpu": sized(15), "gpu": sized(20)}, verdicts=(Verdict("learned"),))
 
 def register_tiny()->Experiment:
     "Register the tiny experiment in this process (idempotent)."
