@@ -20,11 +20,11 @@ def spec(page, pid):
 
 
 def answer(page, pid):
-    "The page's last answer: state, values (full precision), the spline it used, the readout's text and the panel's title."
+    "The page's last answer: state, values (full precision), the spline it used, the readout's text and the panel's title (lines the site's `fit_figures.js` broke joined)."
     return page.evaluate("""(pid) => { const r = document.getElementById(pid + '-readout'), g = document.getElementById(pid + '-effect');
         return {state: r.dataset.state, values: r.dataset.values ? JSON.parse(r.dataset.values) : null,
                 spline: r.dataset.spline ? JSON.parse(r.dataset.spline) : null, text: r.textContent,
-                title: g && g.layout && g.layout.title ? (g.layout.title.text || g.layout.title) : null,
+                title: g && g.layout && g.layout.title ? String(g.layout.title.text || g.layout.title).replace(/<br[^>]*>/gi, ' ') : null,
                 line: g && g._fullData ? g._fullData.map(t => Array.from(t.y || [])) : null}; }""", pid)
 
 
