@@ -498,7 +498,6 @@ def _warm_main(argv:list):
         try: os.write(report, (json.dumps(msg) + "\n").encode())
         except OSError: pass   # the parent stopped listening (it closed this starter, or ended)
     import torch._dynamo   # every optimizer imports it on first use: seconds that each child would spend again
-    say({"ready": os.getpid()})
     pending, live, closed = b"", {}, False   # live: pid -> request id
     while not (closed and not live):   # the parent closed the pipe: no more children; the live ones finish first
         if os.getppid() != parent: os._exit(1)
@@ -593,7 +592,7 @@ class _WarmStarter:
     def __init__(self, env:dict):
         if not _WarmStarter._all: atexit.register(_WarmStarter.close_all)
         self.proc = subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.cond, self.replies, self.exits, self.ready, self.n = threading.Condition(), {}, {}, False, 0
+        self.cond, self.replies, self.exits, self.n = threading.Condition(), {}, {}, 0
         threading.Thread(target=self._read, daemon=True, name="warm-starter-reports").start()
 
     @property
@@ -603,13 +602,12 @@ class _WarmStarter:
         for line in self.proc.stdout:
             msg = json.loads(line)
             with self.cond:
-                if "ready" in msg: self.ready = True
-                elif "forked" in msg: self.replies[msg["forked"]] = msg["pid"]
+                if "forked" in msg: self.replies[msg["forked"]] = msg["pid"]
                 elif "exit" in msg: self.exits[msg["exit"]] = msg["code"]
                 self.cond.notify_all()
         with self.cond: self.cond.notify_all()
 
-    def start(self, request:dict)->Optional[int]:
+    def start(self, request:dict)->Optional[tuple]:
         "Fork a child for `request`: its (id, pid), or None if the starter died (the caller starts a fresh interpreter)."
         with self.cond:
             self.n += 1; rid = self.n
