@@ -180,13 +180,17 @@ register(Experiment(
 # %% ../nbs/09b_registry.ipynb #9d3f1b44
 _AUTHORS_ARCH = dict(n_knots=64, spline_range=15.0, mlp_init=0.01)   # the authors' grid and start (spec §8)
 _AUTHORS_P1 = dict(spline_lr=0.1, spline_betas=(0.99, 0.999))        # the authors' spline optimiser
-_OURS = dict(arch=(("n_knots", 41), ("spline_range", 6.0), ("mlp_init", "gelu")), p1=(("spline_lr", 0.01),), train=(("steps", 400),))   # the first `add`'s recipe
+_OURS = dict(arch=(("n_knots", _DEMO.arch.n_knots), ("spline_range", _DEMO.arch.spline_range), ("mlp_init", _DEMO.arch.mlp_init)),
+             p1=(("spline_lr", _DEMO.p1.spline_lr),), train=(("steps", _DEMO.phase1_train.steps),))   # the first `add`'s recipe: the demo's
 
 def _runs(name:str, first_seed:int, n_models:int=8, n_runs:int=3, **kw)->tuple:
     "`n_runs` Phase I runs `name`_r0, _r1, ... of `n_models` models each, their seeds in blocks of 10 from `first_seed`."
     return tuple(Phase1Run(f"{name}_r{i}", seeds=tuple(range(first_seed + 10 * i, first_seed + 10 * i + n_models)), **kw) for i in range(n_runs))
 
-def _all(name:str)->str: return "phase1:" + "|".join(f"{name}_r{i}" for i in range(3))
+def _all(runs:tuple)->str: return "phase1:" + "|".join(r.name for r in runs)   # an arm's source: these runs, given to the seeds in turn
+
+_MLP, _MLPATTN, _M1 = _runs("mlp", 300), _runs("mlpattn", 330, attn=True), _runs("m1", 360, n_models=1)
+_OURS_RUNS = _runs("ours", 390, n_models=4, **_OURS)
 
 register(Experiment(
     "add_authors", "ADD under the authors' recipe", task="add", chapter="11_add",
@@ -196,11 +200,10 @@ register(Experiment(
     paper="ADD: " + _SPEED + ".", paper_value=2.5,
     sizes=_sizes(cpu_setting(
         dict(n_digits=2, ood_digits=(3, 3), reverse_operands=False),
-        arms=(Arm("standard"), Arm("learned", _all("mlp")), Arm("learned_best", _all("mlp"), splines="best"),
-              Arm("learned_ours", _all("ours")), Arm("m1", _all("m1")), Arm("learned_attn", _all("mlpattn")),
+        arms=(Arm("standard"), Arm("learned", _all(_MLP)), Arm("learned_best", _all(_MLP), splines="best"),
+              Arm("learned_ours", _all(_OURS_RUNS)), Arm("m1", _all(_M1)), Arm("learned_attn", _all(_MLPATTN)),
               Arm("control", "init", arch=(("mlp_init", "gelu"),))),
-        phase1_runs=(_runs("mlp", 300) + _runs("mlpattn", 330, attn=True) + _runs("m1", 360, n_models=1)
-                     + _runs("ours", 390, n_models=4, **_OURS)),
+        phase1_runs=_MLP + _MLPATTN + _M1 + _OURS_RUNS,
         arch=_AUTHORS_ARCH, p1=_AUTHORS_P1, phase1_train=dict(steps=800), seeds=tuple(range(10))),
         gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
     power=Power(0.216, "results/add at 5557cc3: learned vs standard, log ratios of restricted steps, 10 seeds"),

@@ -183,10 +183,11 @@ def run_scheduled(
 ):
     "The one process runner of measured work: run `left` as dependencies finish, `jobs` one-thread processes at a time, each line with the time left."
     left, say = dict(left), say or (lambda s: None)
+    is_ready = lambda c: all(_is_done(root, d) for d in c.deps)   # every cell it needs is done
     total, running, n_done, t0 = len(left), {}, 0, time.perf_counter()
     try:
         while left or running:
-            ready = [k for k, c in left.items() if all(_is_done(root, d) for d in c.deps)]
+            ready = [k for k, c in left.items() if is_ready(c)]
             while ready and len(running) < jobs:
                 k = ready.pop(0); c = left.pop(k)
                 mates = [j for j in ready if batch_key(left[j]) == batch_key(c)][:MAX_BATCH - 1] if batch_seeds else []
@@ -206,7 +207,7 @@ def run_scheduled(
                 el = time.perf_counter() - t0
                 say(f"[{n_done}/{total}] {_job_label(group)} done in {time.perf_counter() - ts:.0f} s · elapsed {_fmt_time(el)} · left ~{_fmt_time(el / n_done * (total - n_done))}")
                 if after: after()
-            if not running and left and not any(all(_is_done(root, d) for d in c.deps) for c in left.values()):   # asked again: a job that just ended may have made some ready
+            if not running and left and not any(is_ready(c) for c in left.values()):   # asked again: a job that just ended may have made some ready
                 raise RuntimeError(f"cells wait for Phase I cells that are not scheduled: {sorted(c.label for c in left.values())[:3]}")
     finally:
         for _, p, _ in running.values(): p.stop()
