@@ -21,7 +21,7 @@ import pandas as pd
 
 # %% ../nbs/09_experiments.ipynb #08dee87e
 from .core import atomic_write, check_option, content_hash, git_output, tensor_digest
-from .model import TransformerConfig
+from .model import TransformerConfig, PEER_ZOO, load_peer, check_nonlinearities
 from .tasks import TASKS
 from .corpora import CORPORA
 from .train import TrainConfig
@@ -97,7 +97,7 @@ class Phase1Run:
 class Arm:
     "One Phase II arm: fresh models with the standard nonlinearities, learned ones (frozen), or the initial spline (the control)."
     name:str # the arm's name in tables and figures
-    source:str="standard" # "standard" | "phase1:NAME" (several: "phase1:A|B|C", given to the seeds in turn) | "init" (the spline at its init, frozen)
+    source:str="standard" # "standard" | "phase1:NAME" (several: "phase1:A|B|C", given to the seeds in turn) | "init" (the spline at its init, frozen) | "peer:NAMESPACE/NAME" (`load_peer`)
     mlp:bool=True # "init": freeze a spline MLP activation
     attn:bool=False # "init": freeze a spline attention kernel
     arch:tuple=() # changes to the setting's architecture for this arm, as (field, value) pairs
@@ -106,6 +106,9 @@ class Arm:
 
     def __post_init__(self):
         check_option(self.splines, ("final", "best"), "splines")
+        if self.source.startswith("peer:"):
+            ns, _, item = self.source[5:].partition("/")
+            check_option(ns, tuple(PEER_ZOO), f"arm {self.name!r}: namespace"); check_option(item, tuple(PEER_ZOO[ns]), f"arm {self.name!r}: {ns} splines")
         if self.splines == "best" and not self.source.startswith("phase1:"):
             raise ValueError(f"arm {self.name!r}: splines='best' needs Phase I splines; give it source 'phase1:NAME'")
 
@@ -170,6 +173,14 @@ def _source_cell(exp:Experiment, size:str, ref:str)->Cell:
     if run not in runs: raise ValueError(f"{exp.name}: no Phase I run {ref!r}; {e.name} has {sorted(runs)}")
     return _phase1_cell(e, size, runs[run])
 
+def _peer_spec(exp:Experiment, arm:Arm, arch:TransformerConfig)->dict:
+    "The nonlinearities of a `peer:` arm's cells: the shipped splines by name and SHA-256, checked against the arm's architecture now."
+    name = arm.source[5:]; ns, _, item = name.partition("/")
+    nl = load_peer(name)   # a few kilobytes of text: refuses a changed or missing file before any cell exists
+    try: check_nonlinearities(nl.for_depth(arch.n_layers), spline_arch(arch, mlp=bool(len(nl.mlp)), attn=False, pre_qkv=bool(len(nl.pre_qkv))))
+    except ValueError as e: raise ValueError(f"{exp.name}: arm {arm.name!r} cannot use {name}: {e}") from None
+    return {"peer": name, "sha256": PEER_ZOO[ns][item][1]}
+
 def cells(exp:Experiment, size:str)->list:
     "Every cell of `exp` at `size`: its Phase I runs first, then one per (arm, seed); for a transfer matrix one per (source, target, seed)."
     if exp.targets: return transfer_matrix_cells(exp, size)
@@ -179,6 +190,7 @@ def cells(exp:Experiment, size:str)->list:
     runs = {r.name: r for r in s.phase1_runs}
     for arm in s.arms:
         refs = arm.source.split(":", 1)[1].split("|") if arm.source.startswith("phase1:") else []
+        peer = _peer_spec(exp, arm, _changed(s.arch, arm.arch)) if arm.source.startswith("peer:") else None
         for i, seed in enumerate(s.seeds):
             run = runs.get(refs[i % len(refs)]) if refs else None   # Phase II models have their Phase I run's spline layout
             arch = _changed(_changed(s.arch, run.arch if run else ()), arm.arch)
@@ -192,7 +204,8 @@ def cells(exp:Experiment, size:str)->list:
                 if arm.splines != "final": spec["nonlinearities"]["splines"] = arm.splines
             elif arm.form != "spline": raise ValueError(f"{exp.name}: arm {arm.name!r} has form {arm.form!r} but no Phase I splines; give it source 'phase1:NAME'")
             elif arm.source == "init": spec["nonlinearities"] = {"init": {"mlp": arm.mlp, "attn": arm.attn}}
-            elif arm.source != "standard": raise ValueError(f"{exp.name}: arm {arm.name!r} has source {arm.source!r}; use 'standard', 'init' or 'phase1:NAME'")
+            elif peer: spec["nonlinearities"] = peer
+            elif arm.source != "standard": raise ValueError(f"{exp.name}: arm {arm.name!r} has source {arm.source!r}; use 'standard', 'init', 'phase1:NAME' or 'peer:NAMESPACE/NAME'")
             out.append(Cell(content_hash(spec), spec, deps, f"{exp.name}/{arm.name}/seed{seed}"))
     return out
 

@@ -28,6 +28,7 @@ def _sizes(
     gpu_task_params:Optional[dict]=None, # the paper's task parameters (default: the cpu ones)
     gpu_train:Optional[dict]=None, # changes to the gpu size's Phase II config
     gpu_arch:Optional[dict]=None, # changes to the gpu size's architecture
+    gpu_models:int=8, # M of every gpu-size Phase I run of several models
 )->dict:
     "The three sizes of an experiment from its `cpu` setting: `smoke` shrinks it to seconds, `gpu` grows it to the spec's sizes."
     grow = lambda r, m: replace(r, seeds=r.seeds if len(r.seeds) == 1 else tuple(range(r.seeds[0], r.seeds[0] + m)))
@@ -39,7 +40,7 @@ def _sizes(
                   arch=replace(cpu.arch, **{"d_model": 128, "n_knots": 122, "spline_range": 20.0, **(gpu_arch or {})}),
                   train=replace(cpu.train, **{"steps": 5000, "batch_size": 256, "lr": 1e-3, "warmup": 200, "eval_every": 100, "eval_examples": 1000, **(gpu_train or {})}),
                   phase1_train=replace(cpu.phase1_train, steps=3000, batch_size=256, lr=1e-3, warmup=200, eval_every=100, eval_examples=1000),
-                  phase1_runs=tuple(grow(r, 8) for r in cpu.phase1_runs), seeds=tuple(range(max(10, len(cpu.seeds)))))
+                  phase1_runs=tuple(grow(r, gpu_models) for r in cpu.phase1_runs), seeds=tuple(range(max(10, len(cpu.seeds)))))
     return {"smoke": smoke, "cpu": cpu, "gpu": gpu}
 
 def cpu_setting(
@@ -304,3 +305,37 @@ register(Experiment(
     paper="The transfer matrix is strongly diagonal (spec §3.4, §6); the paper shows no language-model transfer.",
     sizes=_sizes(cpu_setting({}, arms=(), seeds=(0, 1, 2))),
     verdicts=(Verdict("diagonal", "diagonal", "diagonal", above=1.0, margin=0.005),)))
+
+# %% ../nbs/09b_registry.ipynb #2b57e158
+_AFS_ARCH = {**_LM_ARCH, **_AUTHORS_ARCH, "n_layers": 4, "sharing": "per_layer"}   # the authors' depth and grid, one spline per layer
+_AFS_PAPER = ("FineWeb-10B (GPT-2 tokens, 4 layers, width 256, 20,000 steps, one seed each; the authors' logs), validation loss and "
+              "token accuracy: GeLU 4.9334 / 26.3%; MLP splines (per layer) 4.9375 / 26.3%; MLP + pre-QKV splines (per layer) 4.9193 / 26.5%; "
+              "(one function for every layer) 4.9006 / 26.6%. The paper: learned language-model nonlinearities transfer across datasets and tokenisations.")
+
+def _afs_transfer(
+    name:str, # registry name
+    corpus:dict, # the cpu size's corpus: its `name` and `load_corpus` arguments
+    label:str, # the corpus in words, for the title and claim
+    gpu_corpus:str, # the hub corpus the gpu size names
+    power:Power, # the power plan of its verdicts
+)->Experiment:
+    "The authors' FineWeb splines, frozen, against GeLU and against splines learned on `corpus` under the authors' recipe (M = 6)."
+    own = Phase1Run("mlp_r0", seeds=tuple(range(100, 106)))
+    return Experiment(
+        name, f"Language model: the authors' FineWeb splines ({label})", task="corpus", chapter="12a_language",
+        claim=f"In a 4-layer language model of {label}, the authors' FineWeb MLP splines, frozen, raise validation token accuracy over GeLU, "
+              "and so do their MLP and pre-QKV attention splines; splines learned on this corpus under the authors' recipe do too, and beat the authors'.",
+        paper=_AFS_PAPER,
+        sizes=_sizes(cpu_setting(corpus, arms=(Arm("gelu"), Arm("afs_mlp", "peer:lm-afs/fineweb-mlp"), Arm("afs_mlp_attn", "peer:lm-afs/fineweb-mlp-attn"),
+                                               Arm("own_mlp", "phase1:mlp_r0")),
+                                 phase1_runs=(own,), arch=_AFS_ARCH, train=_LM_TRAIN, phase1_train=_LM_TRAIN, p1=_AUTHORS_P1,
+                                 seeds=tuple(range(10)), threshold=1.0, metric="token_acc"),
+                     gpu_task_params=dict(name=gpu_corpus, tokenizer="bpe", vocab_size=8192, block_size=512),
+                     gpu_arch=dict(d_model=256, max_len=512, n_knots=64, spline_range=15.0), gpu_train=dict(steps=20000, batch_size=64), gpu_models=6),
+        power=power, verdicts=(_lm_gain("afs_mlp", "gelu"), _lm_gain("afs_mlp_attn", "gelu"), _lm_gain("own_mlp", "gelu"), _lm_gain("own_mlp", "afs_mlp")))
+
+_CHAR_POWER = Power(0.0023, "results/lm_shakespeare_char at 4d71577 (2 layers): spline − gelu validation token accuracy, 5 seeds")
+_BPE_POWER = Power(0.0028, "results/lm_shakespeare_bpe at 4d71577 (2 layers): spline − gelu validation token accuracy, 5 seeds")
+register(_afs_transfer("afs_shakespeare_char", dict(name="shakespeare", tokenizer="char", block_size=128), "Shakespeare, characters", "tinystories", _CHAR_POWER))
+register(_afs_transfer("afs_shakespeare_bpe", dict(name="shakespeare", tokenizer="bpe", vocab_size=1024, block_size=128), "Shakespeare, BPE 1024", "tinystories", _BPE_POWER))
+register(_afs_transfer("afs_code_bpe", dict(name="code", tokenizer="bpe", vocab_size=1024, block_size=128), "Python code, BPE 1024", "codesearchnet", _BPE_POWER))

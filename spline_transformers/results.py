@@ -6,15 +6,15 @@ Docs: https://spline-transformers.github.io/spline_transformers/results.html.md"
 
 # %% ../nbs/09d_results.ipynb #bae68882
 from __future__ import annotations
-import hashlib, json, math, os, shutil, warnings
+import json, math, os, shutil, warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['ZOO', 'PEER_ZOO', 'ZOO_KEYS', 'load_result', 'results_dir', 'StaleResult', 'stale_results', 'experiments_table',
-           'arms_frame', 'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
+__all__ = ['ZOO', 'ZOO_KEYS', 'load_result', 'results_dir', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
+           'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
            'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
-           'samples_frame', 'findings_table', 'zoo_dir', 'learned_zoo', 'load_learned', 'update_zoo', 'peer_zoo']
+           'samples_frame', 'findings_table', 'learned_zoo', 'load_learned', 'update_zoo', 'peer_zoo']
 
 # %% ../nbs/09d_results.ipynb #7eb167ff
 import numpy as np
@@ -23,7 +23,7 @@ import torch
 
 # %% ../nbs/09d_results.ipynb #34c2a63c
 from .core import atomic_write, check_option
-from .model import Nonlinearities
+from .model import Nonlinearities, PEER_ZOO, zoo_dir, load_peer
 from .experiments import EXPERIMENTS, cells, read_json, read_table
 from .runner import KINDS, kind_named, work_cells
 from .experiments import registration
@@ -324,22 +324,7 @@ ZOO = {  # zoo name -> (experiment, Phase I run)
     "shakespeare-bpe": ("lm_shakespeare_bpe", "mlp_r0"), "code-bpe": ("lm_code_bpe", "mlp_r0"),
 }
 
-PEER_ZOO = {  # namespace -> {name: (file in zoo/<namespace>/, its SHA-256)}: splines learned by others' code, shipped with their licence
-    "lm-afs": {
-        "fineweb-mlp": ("ptAf-optimizedMlp-layerSpecific-phase1-step20000.csv", "a9fdb9c8815d0549c1b2fda171f0c33698963db5b91ef8eaab25c2ff4c687f34"),
-        "fineweb-mlp-attn-shared": ("ptAf-optimizedMlpAtt-layerShared-phase1-step20000.csv", "9b90e385116f85b68bba3e69cb2ccd233fe353536a654f4daf4b7ca5da458e27"),
-        "fineweb-mlp-attn": ("ptAf-optimizedMlpAtt-layerSpecific-phase1-step20000.csv", "a12e74ed48e6a10bb29685378d4112480fbc7a028090b2d8f21ea3cd014050b4"),
-    },
-}
-
 ZOO_KEYS = {"experiment": str, "run": str, "size": str, "config_hash": str, "mlp": int, "attn": int, "sha256": str}  # each zoo.json entry
-
-def zoo_dir()->Path:
-    "The package folder that holds the zoo."
-    here = globals().get("__file__")   # absent where this runs inside its own chapter: then the installed package's folder
-    if here: return Path(here).parent / "zoo"
-    from importlib.resources import files
-    return Path(str(files("spline_transformers"))) / "zoo"
 
 def _check_zoo_name(name, where:str):
     "Refuse a zoo name that is not a plain file name: it is joined into a path inside the zoo folder."
@@ -372,7 +357,7 @@ def load_learned(
     name:str, # a zoo name (see `learned_zoo`), e.g. "add"
 )->Nonlinearities:
     "The nonlinearities learned by an experiment, or `namespace/name` from `PEER_ZOO`, shipped with the package (frozen; ready for `phase2` or the spline editor)."
-    if isinstance(name, str) and name.partition("/")[0] in PEER_ZOO and "/" in name: return _load_peer(name)
+    if isinstance(name, str) and name.partition("/")[0] in PEER_ZOO and "/" in name: return load_peer(name)
     _check_zoo_name(name, f"load_learned({name!r})")
     index, p = _zoo_index(), zoo_dir() / "zoo.json"
     if not index: raise FileNotFoundError(f"this installation ships no learned nonlinearities (no entries in {p})")
@@ -410,20 +395,6 @@ def update_zoo(
     return learned_zoo()
 
 # %% ../nbs/09d_results.ipynb #c38b7042
-from .model import read_afs_csv
-
-def _load_peer(name:str)->Nonlinearities:
-    "A namespaced zoo entry (`namespace/name` of `PEER_ZOO`), checked against its recorded SHA-256, frozen."
-    ns, _, item = name.partition("/")
-    check_option(ns, tuple(PEER_ZOO), "zoo namespace")
-    check_option(item, tuple(PEER_ZOO[ns]), f"{ns} splines")
-    fname, digest = PEER_ZOO[ns][item]
-    f = zoo_dir() / ns / fname   # built from the table, never from the caller's text
-    if not f.is_file(): raise FileNotFoundError(f"{f} is missing: this installation lacks {name!r}; reinstall the package")
-    if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
-        raise ValueError(f"{f} is not the file shipped as {name!r} (its SHA-256 differs from PEER_ZOO's); reinstall the package")
-    return read_afs_csv(f).freeze()
-
 def peer_zoo()->pd.DataFrame:
     "The shipped splines learned elsewhere: name (for `load_learned`), source file, and its SHA-256."
     return pd.DataFrame([{"name": f"{ns}/{k}", "file": f"{ns}/{f}", "sha256": d} for ns, es in PEER_ZOO.items() for k, (f, d) in es.items()],

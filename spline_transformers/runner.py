@@ -27,7 +27,7 @@ import torch
 # %% ../nbs/09c_runner.ipynb #979a78a4
 from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
                                       model_device, resolve_device, sha256_hex, staged_folder, ChildProcess, FolderLock, FolderInUse)
-from .model import TransformerConfig, Nonlinearities, record_preactivations
+from .model import TransformerConfig, Nonlinearities, record_preactivations, PEER_ZOO, load_peer
 from .attention import record_scores
 from .ensemble import Ensemble
 from .tasks import get_task
@@ -319,6 +319,10 @@ def _run_cells(cells:list, root:Path, device:str)->list:
             src = root / nl["phase1"] / "phase1"
             if nl.get("splines") == "best": src = src / "best.safetensors"   # the splines with the lowest D_arch loss, not the last step's
             res = phase2(task, as_nonlinearities(src).in_form(nl["form"]) if "form" in nl else src, arch, cfg, seeds=seeds, name=name, resume=resume)
+        elif "peer" in nl:   # shipped splines by name; `load_peer` checks the file against PEER_ZOO's SHA-256, the cell against both
+            if PEER_ZOO[nl["peer"].partition("/")[0]][nl["peer"].partition("/")[2]][1] != nl["sha256"]:
+                raise ValueError(f"{nl['peer']}: the package ships other splines under this name than the cell was made for; make the cells again")
+            res = phase2(task, load_peer(nl["peer"]), arch, cfg, seeds=seeds, name=name, resume=resume)
         elif "file" in nl:
             splines = as_nonlinearities(nl["file"])
             if tensor_digest(splines.state_dict()) != nl["sha256"]:
