@@ -39,6 +39,7 @@ from .experiments import EXPERIMENTS, SIZES
 from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, redecide
 from .experiments import register_results
 from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
+from . import calibration  # registers chapter 9f's pilots with the runner (`reproduce pilot_mano`)
 from .results import experiments_table, load_result, arms_frame, seeds_frame
 from .two_phase import (Phase1Config, ARCH_LOSSES, PHASE1_SEED_START, phase1, phase2, baseline, compare, check_disjoint_seeds,
                                            as_nonlinearities, demo_config, corpus_summary)

@@ -105,7 +105,7 @@ NAMESAKES = {  # chapter -> its first exported def or class
     "00_viz": "BookRenderer", "01_splines": "LinearSpline", "02_attention": "attend", "03_model": "TransformerConfig",
     "04_ensemble": "Ensemble", "05_tasks": "Task", "06_corpora": "load_corpus", "07_train": "TrainConfig",
     "08_two_phase": "Phase1Config", "09_experiments": "Experiment", "08a_stats": "Verdict", "09c_runner": "reproduce",
-    "09d_results": "load_result", "09e_report": "Report", "10_distributed": "distributed_phase1",
+    "09d_results": "load_result", "09e_report": "Report", "09f_calibration": "pilot_setting", "10_distributed": "distributed_phase1",
     "20_interpolation": "ExactInterpolator", "21_interpolation_theory": "stage_snapshots_figure",
     "10a_editor": "SplineEditor", "22_cli": "build_parser", "30_widgets": "collapse_figure",
 }
