@@ -303,6 +303,9 @@ def _run_cells(cells:list, root:Path, device:str)->list:
     first = root / cells[0].key
     for c in cells: remove_stale_temps(root / c.key)
     s, t0 = cells[0].spec, time.perf_counter()
+    peer = s.get("nonlinearities") if isinstance(s.get("nonlinearities"), dict) and "peer" in s["nonlinearities"] else None
+    if peer and PEER_ZOO.get(peer["peer"].partition("/")[0], {}).get(peer["peer"].partition("/")[2], (None, None))[1] != peer["sha256"]:
+        raise ValueError(f"{peer['peer']}: the package ships other splines under this name than the cell was made for; make the cells again")
     task = load_data(s["task"], s["task_params"], s.get("task_seed", 0))
     ckpt = first / ("ckpt" if len(cells) == 1 else f"ckpt-{content_hash([c.key for c in cells])}")   # a batch's checkpoints name its cells
     resume = ckpt.is_dir() and any(ckpt.iterdir())
@@ -319,10 +322,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
             src = root / nl["phase1"] / "phase1"
             if nl.get("splines") == "best": src = src / "best.safetensors"   # the splines with the lowest D_arch loss, not the last step's
             res = phase2(task, as_nonlinearities(src).in_form(nl["form"]) if "form" in nl else src, arch, cfg, seeds=seeds, name=name, resume=resume)
-        elif "peer" in nl:   # shipped splines by name; `load_peer` checks the file against PEER_ZOO's SHA-256, the cell against both
-            if PEER_ZOO[nl["peer"].partition("/")[0]][nl["peer"].partition("/")[2]][1] != nl["sha256"]:
-                raise ValueError(f"{nl['peer']}: the package ships other splines under this name than the cell was made for; make the cells again")
-            res = phase2(task, load_peer(nl["peer"]), arch, cfg, seeds=seeds, name=name, resume=resume)
+        elif "peer" in nl: res = phase2(task, load_peer(nl["peer"]), arch, cfg, seeds=seeds, name=name, resume=resume)   # checked above
         elif "file" in nl:
             splines = as_nonlinearities(nl["file"])
             if tensor_digest(splines.state_dict()) != nl["sha256"]:

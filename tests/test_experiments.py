@@ -48,6 +48,27 @@ def test_a_verdict_must_name_arms_the_setting_has():
     with pytest.raises(ValueError, match="arms are"): register(replace(add, name="badverdict", verdicts=(Verdict("nonexistent"),)))
 
 
+def test_a_peer_arm_names_the_shipped_file_and_refuses_what_does_not_fit(tmp_path):
+    from spline_transformers.model import PEER_ZOO
+    from spline_transformers.experiments import Cell
+    from spline_transformers.core import content_hash
+    from spline_transformers.runner import run_cell
+    afs = EXPERIMENTS["afs_shakespeare_char"]
+    peer = [c for c in cells(afs, "smoke") if "peer" in (c.spec.get("nonlinearities") or "")]
+    assert {(c.spec["nonlinearities"]["peer"], c.spec["nonlinearities"]["sha256"]) for c in peer} == \
+        {(f"lm-afs/{n}", PEER_ZOO["lm-afs"][n][1]) for n in ("fineweb-mlp", "fineweb-mlp-attn")}   # the hash covers the file's content
+    with pytest.raises(ValueError, match="lm-afs splines"): Arm("x", "peer:lm-afs/fineweb-nothing")
+    with pytest.raises(ValueError, match="namespace"): Arm("x", "peer:elsewhere/fineweb-mlp")
+    # the book's old grid (41 knots on ±6) cannot hold the authors' 64 knots on ±15: refused when the cells are made
+    s = afs.sizes["cpu"]
+    narrow = replace(afs, name="afs_narrow", sizes={**afs.sizes, "cpu": replace(s, arch=replace(s.arch, n_knots=41, spline_range=6.0))})
+    with pytest.raises(ValueError, match="cannot use lm-afs/fineweb-mlp: .*n_knots"): cells(narrow, "cpu")
+    # a cell made for other splines than the package ships under that name is refused before it loads its corpus
+    spec = {**peer[0].spec, "nonlinearities": {**peer[0].spec["nonlinearities"], "sha256": "0" * 64}}
+    with pytest.raises(ValueError, match="other splines under this name than the cell was made for"):
+        run_cell(Cell(content_hash(spec), spec, (), "afs/bad/seed0"), tmp_path)
+
+
 def test_config_hash_follows_the_setting():
     add = EXPERIMENTS["add"]
     changed = replace(add, sizes={**add.sizes, "cpu": replace(add.sizes["cpu"], threshold=0.99)})
