@@ -12,10 +12,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 # %% auto #0
 __all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD', 'pilot_setting',
-           'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result', 'pilot_headline', 'pilot_table']
+           'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result', 'pilot_headline', 'pilot_table',
+           'pilot_curves_figure']
 
 # %% ../nbs/09f_calibration.ipynb #1c89eed7
 from .core import check_option
@@ -119,6 +121,21 @@ def pilot_table(r:dict)->pd.DataFrame:
     t["reached"] = [f"{c['reached']}/{c['seeds']}" for c in r["candidates"]]
     t["picked"] = ["←" if c == r["chosen"] else "" for c in t.index]
     return t[["changes", "reached", "median_steps", "median_test", "median_ood", "usable", "picked"]]
+
+def pilot_curves_figure(
+    r:dict, # a pilot's result (its summary.json)
+    title:Optional[str]=None, # figure title
+)->go.Figure:
+    "Each candidate's median test accuracy over its seeds as it trains, with the threshold the rule counts."
+    fig = go.Figure()
+    for c in r["candidates"]:
+        cv = r["curves"][c["candidate"]]
+        fig.add_scatter(x=cv["step"], y=cv["median_test"], mode="lines", name=f"{c['candidate']} ({c['reached']}/{c['seeds']})")
+    th = r["setting"]["threshold"]
+    fig.add_hline(y=th, line=dict(dash="dot", color="gray"), annotation_text=f"threshold {th:g}")
+    fig.update_layout(title=title or f"Pilot of {r['setting']['experiment']}: median test {r['setting']['metric']} per candidate",
+                      xaxis_title="step", yaxis_title=f"test {r['setting']['metric']} (median over seeds)", height=400)
+    return fig
 
 # %% ../nbs/09f_calibration.ipynb #a4bcc3f4
 def _pilot(experiment:str, candidates:Sequence[dict], why:str)->Kind:
