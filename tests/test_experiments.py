@@ -238,7 +238,8 @@ def zoo_copy(tmp_path, monkeypatch):
     "A copy of the shipped zoo that `learned_zoo` and `load_learned` read instead (the committed zoo is never touched)."
     z = tmp_path / "zoo"
     import shutil; shutil.copytree(zoo_dir(), z)
-    monkeypatch.setattr(ex, "zoo_dir", lambda: z)
+    import spline_transformers.model as model   # `load_peer` lives in chapter 3 and reads its own `zoo_dir`
+    for m in (ex, model): monkeypatch.setattr(m, "zoo_dir", lambda: z)
     return z
 
 
