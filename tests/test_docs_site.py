@@ -79,24 +79,21 @@ def _visit(browser, url):
     return page, errors, outside
 
 
-def test_pages_render_offline(site, browser):
-    problems = []
-    with serve(site) as base:
-        for p in pages(site):
-            html = p.read_text()
-            page, errors, outside = _visit(browser, f"{base}/{p.name}")
-            n_expected = len(re.findall(r"Plotly\.newPlot\(", html))
-            if n_expected:
-                page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_expected}", timeout=20000)
-            n_drawn = page.evaluate("document.querySelectorAll('.js-plotly-plot').length")
-            if errors: problems.append(f"{p.name}: page errors {errors}")
-            if outside: problems.append(f"{p.name}: requests leaving the machine {outside}")
-            if n_drawn < n_expected: problems.append(f"{p.name}: {n_drawn} of {n_expected} plotly figures drawn")
-            if "katex" in html and re.search(r"\\\(|\\\[|\$", page.evaluate("document.querySelector('main') ? document.querySelector('main').innerText : ''")) \
-               and page.evaluate("document.querySelectorAll('.katex').length") == 0:
-                problems.append(f"{p.name}: maths present but not rendered by KaTeX")
-            page.context.close()
-    assert not problems, "\n".join(problems)
+def _render_problems(page, html:str, n_expected:int, errors:list, outside:list)->list:
+    "What a page shows wrong when served offline: page errors, requests leaving the machine, undrawn figures, unrendered maths."
+    problems, n_drawn = [], page.evaluate("document.querySelectorAll('.js-plotly-plot').length")
+    if errors: problems.append(f"page errors {errors}")
+    if outside: problems.append(f"requests leaving the machine {outside}")
+    if n_drawn < n_expected: problems.append(f"{n_drawn} of {n_expected} plotly figures drawn")
+    if "katex" in html and re.search(r"\\\(|\\\[|\$", page.evaluate("document.querySelector('main') ? document.querySelector('main').innerText : ''")) \
+       and page.evaluate("document.querySelectorAll('.katex').length") == 0:
+        problems.append("maths present but not rendered by KaTeX")
+    return problems
+
+
+def test_pages_render_offline(visits):
+    "Every page, served with the machine offline: no page error, no request leaves it, every figure is drawn, maths is rendered."
+    assert not visits["render"], "\n".join(visits["render"])
 
 
 ANIMATED = "[...document.querySelectorAll('.js-plotly-plot')].filter(g => g._transitionData && g._transitionData._frames && g._transitionData._frames.length > 1)"
@@ -131,23 +128,35 @@ SHOTS = os.environ.get("DOCS_SHOTS")   # a folder: save a screenshot of each pag
 def _open_drawn(browser, base, page_path):
     "Open a page at a desktop width and wait until its plotly figures are drawn and KaTeX has run."
     page, errors, _ = open_page(browser, f"{base}/{page_path.name}", viewport=DESKTOP)
-    n = len(re.findall(r"Plotly\.newPlot\(", page_path.read_text()))
+    _wait_drawn(page, len(re.findall(r"Plotly\.newPlot\(", page_path.read_text())))
+    return page
+
+
+def _wait_drawn(page, n:int):
+    "Wait until a page's `n` plotly figures are drawn and KaTeX has run."
     if n: page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=20000)
     page.wait_for_timeout(500)
-    return page
 
 
 CHECKS = {"overflow": column_overflow, "tables": table_padding, "figures": figure_layout}
 
 
 @pytest.fixture(scope="module")
-def layout(site, browser):
-    "Each page opened once at a desktop width; the problems each layout check finds, as `{check: [\"page: problem\"]}`."
-    found = {k: [] for k in CHECKS}
+def visits(site, browser):
+    """Each page opened once, for every check that reads a page as it stands (one load a page, not one a check): loaded at a
+    desktop width for `_render_problems` and `CHECKS`; then, if it has a figure, narrowed to 900 px with its sidebar opened
+    over the page and widened to 992 px (`test_figures_fit_narrow_windows`). Returns the problems each check finds, as
+    `{check: ["page: problem"]}` (checks: render, overflow, tables, figures, narrow)."""
+    found = {k: [] for k in ("render", *CHECKS, "narrow")}
     with serve(site) as base:
         for p in pages(site):
-            page = _open_drawn(browser, base, p)
-            for name, check in CHECKS.items():
+            html = p.read_text()
+            n = len(re.findall(r"Plotly\.newPlot\(", html))
+            page, errors, outside = open_page(browser, f"{base}/{p.name}", viewport=DESKTOP)
+            _wait_drawn(page, n)
+            checks = {"render": lambda page: _render_problems(page, html, n, errors, outside), **CHECKS}
+            if n: checks["narrow"] = lambda page: [f for viewport, sidebar in NARROW for f in _narrow_problems(page, viewport, sidebar)]
+            for name, check in checks.items():
                 problems = check(page)
                 found[name] += [f"{p.name}: {f}" for f in problems]
                 if problems and SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_{name}_{p.stem}.png"), full_page=True)
@@ -159,19 +168,19 @@ def _report(problems, most=40):
     return "\n".join(problems[:most]) + (f"\n... {len(problems)} in all" if len(problems) > most else "")
 
 
-def test_nothing_sticks_out_of_the_column(layout):
+def test_nothing_sticks_out_of_the_column(visits):
     "No element is wider than the text column (wide tables and outputs scroll in their own box), and code lines wrap."
-    assert not layout["overflow"], _report(layout["overflow"])
+    assert not visits["overflow"], _report(visits["overflow"])
 
 
-def test_table_cells_have_padding(layout):
+def test_table_cells_have_padding(visits):
     "Every table cell keeps its text clear of its neighbours' (pandas' tables come with 1-2 px)."
-    assert not layout["tables"], _report(layout["tables"])
+    assert not visits["tables"], _report(visits["tables"])
 
 
-def test_figures_titles_and_labels_are_readable(layout):
+def test_figures_titles_and_labels_are_readable(visits):
     "Titles clear the toolbar; no two texts of a figure overlap; no text or point label is cut off by the figure or its axes."
-    assert not layout["figures"], _report(layout["figures"])
+    assert not visits["figures"], _report(visits["figures"])
 
 
 def test_findings_page_is_a_table_to_read(site):
@@ -214,7 +223,8 @@ FOLLOWED = ("[...document.querySelectorAll('.js-plotly-plot')].every(g => !g._fu
 
 
 def _narrow_problems(page, viewport, open_sidebar):
-    "figure_layout's problems of an open page at `viewport` (after opening the sidebar over the page when `open_sidebar`)."
+    "figure_layout's problems of an open page resized to `viewport` (after opening the sidebar over the page when `open_sidebar`)."
+    page.set_viewport_size(viewport)   # a resize, as a reader's: the column narrows, the figures follow it
     if open_sidebar:
         page.locator(".quarto-btn-toggle").first.click()
     page.wait_for_function(FOLLOWED, timeout=20000)   # plotly has redrawn every figure at its box's width (after a resize)
@@ -223,26 +233,13 @@ def _narrow_problems(page, viewport, open_sidebar):
     return [f"{where}: {p}" for p in figure_layout(page) if any(k in p for k in NARROW_PROBLEMS)]
 
 
-def test_figures_fit_narrow_windows(site, browser):
+def test_figures_fit_narrow_windows(visits):
     """Issue 28 (7): at 992 px the sidebar stays docked and the text column is at its narrowest (about 360 px); at 900 px the
-    sidebar opens over the page. Every page with a figure is loaded at 900 px and its sidebar opened, then the window is
-    narrowed to 992 px (the column narrows from about 850 px: the figures must follow a resize): in both, no figure title,
+    sidebar opens over the page. Every page with a figure, drawn at a desktop width, is resized to 900 px and its sidebar
+    opened, then to 992 px (the column narrows from about 850 px: the figures must follow each resize): in both, no figure title,
     axis title, legend entry or point label is cut off or under plotly's toolbar (the site's `fit_figures.js` fits titles
     to the width a figure is drawn at)."""
-    problems, (first, then) = [], NARROW
-    with serve(site) as base:
-        for p in pages(site):
-            n = len(re.findall(r"Plotly\.newPlot\(", p.read_text()))
-            if not n: continue
-            page, _, _ = open_page(browser, f"{base}/{p.name}", viewport=first[0])
-            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=20000)
-            found = _narrow_problems(page, *first)
-            page.set_viewport_size(then[0])    # a resize, as a reader's: the column narrows, the figures follow it
-            found += _narrow_problems(page, *then)
-            problems += [f"{p.name}: {f}" for f in found]
-            if found and SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_narrow_{p.stem}.png"), full_page=True)
-            page.context.close()
-    assert not problems, _report(problems, most=80)
+    assert not visits["narrow"], _report(visits["narrow"], most=80)
 
 
 LIVE = (("editor.html", 16, -50), ("add.html", 22, 70))   # page, knot, pixels to drag it (the sin(2x) fit's x = 0; ADD's spike at x = 0.6)

@@ -149,11 +149,11 @@ def test_a_killed_summary_leaves_the_old_result_or_the_new(done_run, tmp_path):
     t0 = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, timeout=300); full = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr
     assert _consistent(out / NAME, {"new": new}) == "new"   # the same cells give the same result
-    rng, seen = random.Random(29), []
-    for trial in range(12):   # back to the old result, then a run killed at a random moment of its life
+    rng, seen, n = random.Random(29), [], 8
+    for trial in range(n):   # back to the old result, then a run killed at a random moment of its life (one in each eighth of 0.5-1.1 x its time)
         shutil.rmtree(out / NAME); _copy(old_dir, out / NAME)
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 1.1) * full)
+        time.sleep((0.5 + 0.6 * (trial + rng.random()) / n) * full)
         p.send_signal(signal.SIGKILL); p.wait()
         seen.append(_consistent(out / NAME, {"old": old, "new": new}))
     assert "absent" not in seen, seen   # Linux swaps the folders in one step
@@ -225,9 +225,10 @@ def _start_and_wait_for_a_cell(cmd, out:Path, timeout:float=120)->subprocess.Pop
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_cells_die_with_their_runner(tiny, tmp_path, sig, monkeypatch):
     "N2: kill -9 or kill -TERM the runner (--jobs 2): its cell processes end too; TERM prints one line and exits 130."
-    monkeypatch.setenv(LONG_ENV, "1500")   # Phase II cells of seconds, so that the signal comes while they train (the run and its resume alike)
+    monkeypatch.setenv(LONG_ENV, "300")   # Phase II jobs of several seconds, so that the signal comes while one trains (the run and its resume alike)
     out = tmp_path / f"k{int(sig)}"
     p = _start_and_wait_for_a_cell(TINY + ["reproduce", NAME, "--size", "smoke", "--out", str(out), "--jobs", "2"], out)
+    assert _cell_processes(str(out)), "no cell was running when the signal came: make the cells longer (TINY_SMOKE_STEPS)"
     p.send_signal(sig); _, err = p.communicate(timeout=60)
     assert _wait_gone(str(out)) == [], "cell processes outlived their runner"
     if sig == signal.SIGTERM: assert p.returncode == 130 and err.strip().splitlines()[-1].endswith("interrupted"), err

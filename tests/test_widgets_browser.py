@@ -29,13 +29,21 @@ LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification": {"fetchNews": "fa
 
 
 @contextlib.contextmanager
-def jupyterlab(notebook:Path, timeout:float=90):
-    "JupyterLab on 127.0.0.1 serving a temporary copy of `notebook`, with throw-away config; yields the notebook's URL."
+def jupyterlab(notebook:Path, timeout:float=90, edits:dict=None):
+    """JupyterLab on 127.0.0.1 serving a temporary copy of `notebook` (with each code `edits` key replaced by its value, once),
+    with throw-away config; yields the notebook's URL."""
     with tempfile.TemporaryDirectory(prefix="lab-") as tmp:
         tmp = Path(tmp)
         work, cfg, runtime, settings = (tmp / d for d in ("work", "config", "runtime", "settings"))
         for d in (work, cfg, runtime, settings): d.mkdir()
         shutil.copy2(notebook, work / notebook.name)      # JupyterLab may autosave: never into the repository
+        if edits:
+            nb = json.loads(notebook.read_text())
+            for old, new in edits.items():
+                found = [c for c in nb["cells"] if c["cell_type"] == "code" and old in "".join(c["source"])]
+                assert len(found) == 1, f"{notebook.name}: {len(found)} code cells contain {old!r}"
+                found[0]["source"] = "".join(found[0]["source"]).replace(old, new)
+            (work / notebook.name).write_text(json.dumps(nb, indent=1))
         (cfg / "jupyter_server_config.json").write_text(json.dumps(LAB_CONFIG))
         for plugin, values in LAB_SETTINGS.items():
             f = settings / f"{plugin}.jupyterlab-settings"; f.parent.mkdir(parents=True, exist_ok=True); f.write_text(json.dumps(values))
@@ -436,30 +444,32 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
 
 
 DEMO_CELL = 'demo = run_demo(demo_config("cpu"), log=print)'
+QUICK_DEMO_CELL = 'demo = run_demo(quick_demo_config(), log=print)'   # the same pipeline in seconds (`demo --quick`'s sizes)
 GPU_CELL = 'gdemo = run_demo(demo_config("cuda")'
 
 
 @pytest.mark.timeout(1500)
 def test_two_phase_chapter_runs_to_its_end_in_jupyterlab(browser):
-    "Chapter 8, all of it, Run All in JupyterLab as a reader runs it: its `#| slow` demo at its cpu size, whose `DemoConfig`"
+    "Chapter 8, all of it, Run All in JupyterLab as a reader runs it: its `#| slow` demo (at `quick_demo_config`'s sizes, as"
+    " `demo --quick` runs it: the cpu size would take minutes and exercises nothing more here), whose `DemoConfig`"
     " and `run_demo` are the notebook's own (classes of the kernel's __main__, which the arms' processes cannot import: they"
     " once failed to unpickle one) and whose two Phase II arms run in two processes, and its `#| gpu` cell, which on a"
     " machine without CUDA says so instead of failing. Then the Log Console and the sidebar: every figure keeps its height."
-    with jupyterlab(TWO_PHASE_CHAPTER) as url:
+    with jupyterlab(TWO_PHASE_CHAPTER, edits={DEMO_CELL: QUICK_DEMO_CELL}) as url:
         page, outside, errors, console = _open_lab_page(browser, url)
         t0 = time.time()
         _run_all(page, timeout=840)
         took = time.time() - t0
         stream = lambda cell: "".join(o.get("text", "") for o in _cell_outputs(page, cell, "stream"))
-        demo_out, gpu_out = stream(DEMO_CELL), stream(GPU_CELL)
+        demo_out, gpu_out = stream(QUICK_DEMO_CELL), stream(GPU_CELL)
         assert "(the arms in two processes)" in demo_out and "(in parallel)" in demo_out, demo_out
-        table = _cell_outputs(page, DEMO_CELL, "execute_result")
+        table = _cell_outputs(page, QUICK_DEMO_CELL, "execute_result")
         assert table and "speedup" in table[0]["data"]["text/plain"] and "learned" in table[0]["data"]["text/plain"], table
         assert _kjson(page, "[type(demo.config).__module__, demo.timings['phase2_processes']]") == ["__main__", 2]
         assert _kjson(page, "torch.cuda.is_available()") or "No CUDA device here" in gpu_out, gpu_out
         n_figures = len(_plot_heights(page))
         assert n_figures >= 6, f"{n_figures} figures drawn"   # Phase I loss, splines, Phase II curves, transfer, the demo's two
-        _resize_keeps_heights(page, focus=DEMO_CELL, min_height=200)   # the transfer heatmap is 200 px
+        _resize_keeps_heights(page, focus=QUICK_DEMO_CELL, min_height=200)   # the transfer heatmap is 200 px
         _nothing_went_wrong(page, errors, console, outside)
         print(f"chapter 8 ran to its end in JupyterLab in {took:.0f} s, {n_figures} figures")
         page.context.close()
