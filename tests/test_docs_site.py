@@ -4,12 +4,12 @@ reader can read at a desktop width: nothing sticks out of the text column (code 
 figure titles clear plotly's toolbar, and no text of a figure overlaps another or is cut off.
 
 DOCS_SITE=folder tests a site already built there instead of building one (e.g. `_docs/` of an earlier build)."""
-import os, re
+import json, os, re
 from pathlib import Path
 
 import pytest
 
-from conftest import build_docs
+from conftest import build_docs, exclusive, shared_dir
 from browser import require_browser, launch, serve, open_page, column_overflow, table_padding, figure_layout
 
 pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
@@ -142,7 +142,18 @@ CHECKS = {"overflow": column_overflow, "tables": table_padding, "figures": figur
 
 
 @pytest.fixture(scope="module")
-def visits(site, browser):
+def visits(site, tmp_path_factory):
+    """`visit_pages`, once for the whole test run: under pytest-xdist the first worker to ask visits the pages and the other
+    reads what it found (a module fixture would otherwise visit them once on each worker)."""
+    found = shared_dir(tmp_path_factory) / "docs_visits.json"
+    with exclusive(shared_dir(tmp_path_factory) / "docs_visits.lock"):
+        if not found.is_file():
+            require_browser()
+            with launch() as browser: found.write_text(json.dumps(visit_pages(site, browser)))
+    return json.loads(found.read_text())
+
+
+def visit_pages(site, browser)->dict:
     """Each page opened once, for every check that reads a page as it stands (one load a page, not one a check): loaded at a
     desktop width for `_render_problems` and `CHECKS`; then, if it has a figure, narrowed to 900 px with its sidebar opened
     over the page and widened to 992 px (`test_figures_fit_narrow_windows`). Returns the problems each check finds, as
