@@ -36,14 +36,12 @@ def jupyterlab(notebook:Path, timeout:float=90, edits:dict=None):
         tmp = Path(tmp)
         work, cfg, runtime, settings = (tmp / d for d in ("work", "config", "runtime", "settings"))
         for d in (work, cfg, runtime, settings): d.mkdir()
-        shutil.copy2(notebook, work / notebook.name)      # JupyterLab may autosave: never into the repository
-        if edits:
-            nb = json.loads(notebook.read_text())
-            for old, new in edits.items():
-                found = [c for c in nb["cells"] if c["cell_type"] == "code" and old in "".join(c["source"])]
-                assert len(found) == 1, f"{notebook.name}: {len(found)} code cells contain {old!r}"
-                found[0]["source"] = "".join(found[0]["source"]).replace(old, new)
-            (work / notebook.name).write_text(json.dumps(nb, indent=1))
+        nb = json.loads(notebook.read_text())   # a copy: JupyterLab may autosave, never into the repository
+        for old, new in (edits or {}).items():
+            found = [c for c in nb["cells"] if c["cell_type"] == "code" and old in "".join(c["source"])]
+            assert len(found) == 1, f"{notebook.name}: {len(found)} code cells contain {old!r}"
+            found[0]["source"] = "".join(found[0]["source"]).replace(old, new)
+        (work / notebook.name).write_text(json.dumps(nb, indent=1))
         (cfg / "jupyter_server_config.json").write_text(json.dumps(LAB_CONFIG))
         for plugin, values in LAB_SETTINGS.items():
             f = settings / f"{plugin}.jupyterlab-settings"; f.parent.mkdir(parents=True, exist_ok=True); f.write_text(json.dumps(values))
