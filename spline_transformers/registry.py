@@ -32,10 +32,12 @@ def _sizes(
 )->dict:
     "The three sizes of an experiment from its `cpu` setting: `smoke` shrinks it to seconds, `gpu` grows it to the spec's sizes."
     grow = lambda r, m: replace(r, seeds=r.seeds if len(r.seeds) == 1 else tuple(range(r.seeds[0], r.seeds[0] + m)))
-    smoke = replace(cpu, arch=replace(cpu.arch, d_model=32, n_heads=2),
-                    train=replace(cpu.train, steps=60, batch_size=32, warmup=10, eval_every=20, eval_examples=64),
-                    phase1_train=replace(cpu.phase1_train, steps=30, batch_size=32, warmup=5, eval_every=15, eval_examples=64),
-                    phase1_runs=tuple(replace(r, seeds=r.seeds[:2]) for r in cpu.phase1_runs), seeds=cpu.seeds[:2])
+    short = lambda r: replace(r, seeds=r.seeds[:2], train=tuple((k, v) for k, v in r.train if k != "steps"))   # a run's own length is the cpu size's
+    smoke = replace(cpu, task_params=tuple((k, min(v, 64) if k == "block_size" else v) for k, v in cpu.task_params),   # a corpus's context: 64 tokens
+                    arch=replace(cpu.arch, d_model=32, n_heads=2),
+                    train=replace(cpu.train, steps=60, batch_size=16, warmup=10, eval_every=20, eval_examples=64),
+                    phase1_train=replace(cpu.phase1_train, steps=30, batch_size=16, warmup=5, eval_every=15, eval_examples=64),
+                    phase1_runs=tuple(short(r) for r in cpu.phase1_runs), seeds=cpu.seeds[:2])
     gpu = replace(cpu, task_params=tuple(sorted((gpu_task_params or dict(cpu.task_params)).items())),
                   arch=replace(cpu.arch, **{"d_model": 128, "n_knots": 122, "spline_range": 20.0, **(gpu_arch or {})}),
                   train=replace(cpu.train, **{"steps": 5000, "batch_size": 256, "lr": 1e-3, "warmup": 200, "eval_every": 100, "eval_examples": 1000, **(gpu_train or {})}),
