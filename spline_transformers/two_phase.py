@@ -327,6 +327,7 @@ def phase2(
     check_disjoint_seeds(seeds, nonlinearities)
     nl = as_nonlinearities(nonlinearities)
     arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn)), pre_qkv=bool(len(nl.pre_qkv))))
+    if len(nl.attn): arch = replace(arch, attn_fn=nl.attn_fn)   # the kernel's kind (itself or its logarithm) is the splines'
     ens = Ensemble(arch, seeds=list(seeds), nonlinearities=nl.for_depth(arch.n_layers).freeze())
     return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
 
