@@ -566,8 +566,8 @@ def _command_line()->str:
 def cmd_phase1(a)->int:
     "Phase I on a task or corpus: the learned nonlinearities, metrics and a report in --out."
     check_data_names(a); check_device(a.device)
-    if a.mlp_act not in ("spline", "glu_spline") and a.attn_fn != "spline":
-        raise UsageError("Phase I learns splines: keep --mlp-act spline and/or --attn-fn spline")
+    if a.mlp_act not in ("spline", "glu_spline") and a.attn_fn not in ("spline", "log_spline"):
+        raise UsageError("Phase I learns splines: keep --mlp-act spline and/or --attn-fn spline (or log_spline)")
     p1, cfg = phase1_from_args(a), train_from_args(a)
     check_run_args(a)
     out = Path(a.out)

@@ -143,7 +143,7 @@ def forward(self:Ensemble,
         if cfg.pre_qkv_spline: hn = self.nonlinearities.pre_qkv_phi(l, dn)(hn)   # x + φ(a·x + b) before Q, K, V, as `Block` does
         qkv = batched_linear(hn, W[p + "attn.qkv.weight"], W.get(p + "attn.qkv.bias"))
         q, k, v = qkv.view(M * B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
-        phi = self.nonlinearities.attn_phi(l, dn) if cfg.attn_fn == "spline" else None
+        phi = self.nonlinearities.attn_phi(l, dn) if cfg.attn_spline else None
         y = attend(q, k, v, cfg.attn_fn, phi, causal=True, mask=mask, bias=bias, dropout_p=drop)
         y = y.transpose(1, 2).reshape(M, B, T, C)
         x = x + F.dropout(batched_linear(y, W[p + "attn.proj.weight"], W.get(p + "attn.proj.bias")), drop, self.training)

@@ -34,7 +34,7 @@ from fastcore.basics import patch
 from .core import atomic_write, check_int, check_number, check_option, from_dict
 from .splines import (LinearSpline, spline_eval, EXTRAPOLATIONS, INITS, tensor_checksum, read_safetensors,
                                          verify_checksum)
-from .attention import SelfAttention, sinusoidal_positions, ATTN_FNS, POSITIONS
+from .attention import SelfAttention, sinusoidal_positions, ATTN_FNS, KERNEL_FNS, POSITIONS
 
 # %% ../nbs/03_model.ipynb #d57ee683
 MLP_ACTS = ("gelu", "relu", "spline", "glu_spline", "swiglu")  # MLP activations a `Transformer` knows
@@ -51,7 +51,7 @@ class TransformerConfig:
     n_heads:int=4 # attention heads (must divide d_model)
     max_len:int=64 # longest sequence for learned/sinusoidal positions
     mlp_act:str="gelu" # "gelu" | "relu" | "spline" | "glu_spline" | "swiglu"
-    attn_fn:str="softmax" # "softmax" | "spline" | "hardmax"
+    attn_fn:str="softmax" # "softmax" | "spline" | "hardmax" | "log_spline"
     pos:str="learned" # "learned" | "sinusoidal" | "alibi" | "none"
     d_mlp:Optional[int]=None # MLP hidden width (None: 4 * d_model)
     norm:str="rmsnorm" # "rmsnorm" | "layernorm" (pre-norm)
@@ -64,7 +64,7 @@ class TransformerConfig:
     mlp_init:Union[str,float,Callable]=0.01 # MLP spline init (spec §8: 0.01; "gelu" starts from GeLU)
     attn_n_knots:Optional[int]=None # knots of each attention spline (None: n_knots)
     attn_spline_range:Optional[float]=None # attention spline range (None: spline_range)
-    attn_init:Union[str,float,Callable]=1.0 # attention spline init (1.0: uniform averaging; "exp": softmax)
+    attn_init:Union[str,float,Callable]=1.0 # attention spline init (1.0: uniform averaging; "exp": softmax; for "log_spline", "identity": softmax)
     extrapolate:str="constant" # spline values beyond the range: "constant" | "linear"
     pre_qkv_spline:bool=False # a residual spline x + φ(a·x + b) on each block's normalised input before Q, K, V (the released code's attention spline; attn_fn="spline" is the paper's text: a score kernel)
 
@@ -100,8 +100,8 @@ class TransformerConfig:
         return self.mlp_act in ("spline", "glu_spline")
     @property
     def attn_spline(self)->bool:
-        "Whether the attention kernel is a learned spline."
-        return self.attn_fn == "spline"
+        "Whether the attention kernel is a learned spline (itself, or its logarithm)."
+        return self.attn_fn in KERNEL_FNS
 
     def to_dict(self)->dict:
         "The config as a JSON-able dict (callable inits are written as their name; `pre_qkv_spline` only when on, so older configs keep their hashes)."
@@ -157,7 +157,8 @@ def _spline_settings(cfg:TransformerConfig, kind:str)->Optional[dict]:
         return dict(n_knots=cfg.n_knots, x_min=-float(cfg.spline_range), x_max=float(cfg.spline_range), init=cfg.mlp_init, extrapolate=cfg.extrapolate)
     if not cfg.attn_spline: return None
     R = float(cfg.attn_spline_range or cfg.spline_range)
-    return dict(n_knots=cfg.attn_n_knots or cfg.n_knots, x_min=-R, x_max=R, init=cfg.attn_init, extrapolate=cfg.extrapolate)
+    s = dict(n_knots=cfg.attn_n_knots or cfg.n_knots, x_min=-R, x_max=R, init=cfg.attn_init, extrapolate=cfg.extrapolate)
+    return {**s, "log_space": True} if cfg.attn_fn == "log_spline" else s   # only then: the score kernels' settings keep their bytes
 
 # %% ../nbs/03_model.ipynb #9a3b7d05
 class FixedSpline:
@@ -190,7 +191,7 @@ class Nonlinearities(nn.Module):
                  n_layers:int, # transformer blocks that use these splines
                  sharing:str="shared", # "shared" | "per_layer" | "ends"
                  mlp:Optional[dict]=None, # LinearSpline arguments of the MLP splines (None: no MLP spline)
-                 attn:Optional[dict]=None, # LinearSpline arguments of the attention splines (None: no attention spline)
+                 attn:Optional[dict]=None, # LinearSpline arguments of the attention splines, and `log_space=True` for a kernel's logarithm (None: no attention spline)
                  pre_qkv:Optional[dict]=None, # LinearSpline arguments of the pre-QKV residual splines (None: none)
                 ):
         super().__init__()
@@ -199,7 +200,7 @@ class Nonlinearities(nn.Module):
         n = max(self.layout) + 1
         self.settings = {"mlp": _settings_json(mlp), "attn": _settings_json(attn), "pre_qkv": _settings_json(pre_qkv)}
         self.mlp = nn.ModuleList([LinearSpline(**mlp) for _ in range(n)] if mlp else [])
-        self.attn = nn.ModuleList([LinearSpline(**attn) for _ in range(n)] if attn else [])
+        self.attn = nn.ModuleList([LinearSpline(**{k: v for k, v in attn.items() if k != "log_space"}) for _ in range(n)] if attn else [])
         self.pre_qkv = nn.ModuleList([PreQKVSpline(**pre_qkv) for _ in range(n)] if pre_qkv else [])
         self.polynomial_degree, self.mlp_polynomials = None, None  # set by `to_polynomial`: the MLP applies Chebyshev series instead
 
@@ -208,10 +209,15 @@ class Nonlinearities(nn.Module):
         "The splines a model built from `cfg` needs, freshly initialised."
         return cls(cfg.n_layers, cfg.sharing, _spline_settings(cfg, "mlp"), _spline_settings(cfg, "attn"), _spline_settings(cfg, "pre_qkv"))
 
+    @property
+    def attn_fn(self)->str:
+        "The score nonlinearity a model with these splines uses: 'log_spline' for a kernel learned as its logarithm, 'spline' for one learned as itself, else 'softmax'."
+        return ("log_spline" if self.settings["attn"].get("log_space") else "spline") if len(self.attn) else "softmax"
+
     def _spline(self, kind, layer):
         splines = getattr(self, kind)
         if not len(splines): raise ValueError(f"these Nonlinearities hold no {kind} spline; build them from a config with "
-                                              + {"mlp": "mlp_act='spline' or 'glu_spline'", "attn": "attn_fn='spline'", "pre_qkv": "pre_qkv_spline=True"}[kind])
+                                              + {"mlp": "mlp_act='spline' or 'glu_spline'", "attn": "attn_fn='spline' or 'log_spline'", "pre_qkv": "pre_qkv_spline=True"}[kind])
         if not 0 <= layer < self.n_layers: raise IndexError(f"layer {layer} out of range for {self.n_layers} layers")
         return splines[self.layout[layer]]
 
@@ -362,7 +368,7 @@ def config_for(self:Nonlinearities,
     "`base` with the spline layout of these nonlinearities: which functions are splines, knots, range, sharing."
     gated = base.mlp_act in ("glu_spline", "swiglu")
     ch = {"sharing": self.sharing, "mlp_act": ("glu_spline" if gated else "spline") if len(self.mlp) else ("swiglu" if gated else "gelu"),
-          "attn_fn": "spline" if len(self.attn) else "softmax", "pre_qkv_spline": bool(len(self.pre_qkv))}
+          "attn_fn": self.attn_fn, "pre_qkv_spline": bool(len(self.pre_qkv))}
     m, at = self.settings.get("mlp"), self.settings.get("attn")
     pq = self.settings.get("pre_qkv")
     if pq and not m: ch.update(n_knots=int(pq["n_knots"]), spline_range=float(pq["x_max"]), extrapolate=pq.get("extrapolate", base.extrapolate))
@@ -478,7 +484,8 @@ def nonlinearities_figure(
     "One panel per spline: MLP activations beside GeLU, attention kernels beside exp (scaled to agree at 0); knots marked."
     panels = [("mlp", i, s) for i, s in enumerate(nl.mlp)] + [("attn", i, s) for i, s in enumerate(nl.attn)]
     if not panels: raise ValueError("these Nonlinearities hold no spline to draw")
-    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
+    log = nl.attn_fn == "log_spline"   # a kernel learned as its logarithm g: drawn beside the identity (softmax's g)
+    name = lambda k, i: ("MLP activation φ" if k == "mlp" else "attention kernel, log g" if log else "attention kernel φ′") + ("" if len(getattr(nl, k)) == 1 else f" (layer {i})")
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[name(k, i) for k, i, _ in panels])
     shown = set()
     def line(c, x, y, label, **style):
@@ -488,6 +495,7 @@ def nonlinearities_figure(
             x = torch.linspace(float(s.x_min), float(s.x_max), 801)
             y = s(x).float().numpy(); xs = x.numpy()
             if kind == "mlp": ref, label = torch.nn.functional.gelu(x).numpy(), "GeLU"
+            elif log: ref, label = x.numpy(), "s (softmax)"
             else:
                 at0 = float(s(torch.zeros(1))[0]); k = at0 if at0 > 0 else 1.0
                 ref, label = (k * torch.exp(x.double())).numpy(), "exp (softmax), scaled"
@@ -594,7 +602,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.pre_qkv = cfg.pre_qkv_spline
     def forward(self, x, nl:Nonlinearities, padding_mask=None, detach_nl:bool=False):
-        a_phi = nl.attn_phi(self.layer, detach_nl) if self.attn.attn_fn == "spline" else None
+        a_phi = nl.attn_phi(self.layer, detach_nl) if self.attn.attn_fn in KERNEL_FNS else None
         m_phi = nl.mlp_phi(self.layer, detach_nl) if self.mlp.mlp_act in ("spline", "glu_spline") else None
         h = self.norm1(x)
         if self.pre_qkv: h = nl.pre_qkv_phi(self.layer, detach_nl)(h)   # x + φ(a·x + b) before Q, K, V
@@ -695,6 +703,9 @@ def check_nonlinearities(nl:Nonlinearities, cfg:TransformerConfig)->Nonlineariti
         what = {"mlp": "MLP activation", "attn": "attention kernel", "pre_qkv": "pre-QKV residual"}[kind]
         if want is None: continue
         if have is None: raise ValueError(f"the config asks for a spline {what} but these nonlinearities have none")
+        if kind == "attn" and bool(have.get("log_space")) != bool(want.get("log_space")):
+            raise ValueError(f"attention kernel mismatch: these nonlinearities hold a kernel for attn_fn={nl.attn_fn!r}, the config says "
+                             f"attn_fn={cfg.attn_fn!r}; build the config with nonlinearities.config_for(config)")
         for key in ("n_knots", "x_min", "x_max", "extrapolate"):
             if float(have[key]) != float(want[key]) if key != "extrapolate" else have[key] != want[key]:
                 raise ValueError(f"{what} spline mismatch: the nonlinearities have {key}={have[key]!r}, the config says {want[key]!r}")

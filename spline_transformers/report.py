@@ -119,10 +119,10 @@ def learned_parts(
 )->str:
     "Which nonlinearities the learned arm learned, in words (e.g. 'spline MLP activation (softmax attention kept)')."
     mlp = arch.mlp_act in ("spline", "glu_spline")
-    attn = arch.attn_fn == "spline"
-    if mlp and attn: return "spline MLP activation and spline attention kernel"
+    attn, kernel = arch.attn_spline, "log-space spline attention kernel" if arch.attn_fn == "log_spline" else "spline attention kernel"
+    if mlp and attn: return f"spline MLP activation and {kernel}"
     if mlp: return "spline MLP activation (softmax attention kept)"
-    if attn: return "spline attention kernel (GeLU MLP kept)"
+    if attn: return f"{kernel} (GeLU MLP kept)"
     return "no splines"
 
 # %% ../nbs/09e_report.ipynb #1fa91a5a

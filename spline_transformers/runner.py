@@ -437,11 +437,13 @@ def _arm_of(label:str)->tuple:
     return arm, int(seed[4:])
 
 def attention_tail(nl:Nonlinearities)->list:
-    "Per attention spline: its value at the left end of its range, φ′(−R), at 0, and their ratio (the kernel's floor against its scale)."
-    out = []
+    "Per attention kernel: its value at the left end of its range, φ′(−R), at 0, and their ratio (the kernel's floor against its scale); a log-space kernel's as exp(g)."
+    out, log = [], nl.attn_fn == "log_spline"
     for sp in nl.attn:
         x = float(sp.x_min)
-        with torch.no_grad(): lo, mid = (float(v) for v in sp(torch.tensor([x, 0.0])).flatten()[:2])
+        with torch.no_grad():
+            g = sp(torch.tensor([x, 0.0])).double().flatten()[:2]
+            lo, mid = (float(v) for v in (torch.exp(g - g.max()) if log else g))   # exp(g) up to the factor the normalisation cancels
         out.append({"x": x, "at_left": lo, "at_0": mid, "ratio": lo / mid if mid else math.nan})
     return out
 

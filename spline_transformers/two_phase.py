@@ -227,12 +227,12 @@ def arch_for(data, base:TransformerConfig)->TransformerConfig:
 
 def standard_arch(arch:TransformerConfig)->TransformerConfig:
     "The standard transformer of `arch`: GeLU (or SwiGLU) MLP and softmax attention, all else equal."
-    return replace(arch, mlp_act=STANDARD.get(arch.mlp_act, arch.mlp_act), attn_fn="softmax" if arch.attn_fn == "spline" else arch.attn_fn)
+    return replace(arch, mlp_act=STANDARD.get(arch.mlp_act, arch.mlp_act), attn_fn="softmax" if arch.attn_spline else arch.attn_fn)
 
 def spline_arch(arch:TransformerConfig, mlp:bool=True, attn:bool=True, pre_qkv:bool=False)->TransformerConfig:
-    "`arch` with a learned spline as MLP activation and/or attention kernel (and, with `pre_qkv`, the pre-QKV residual spline)."
+    "`arch` with a learned spline as MLP activation and/or attention kernel (a log-space kernel stays one), and with `pre_qkv` the pre-QKV residual spline."
     return replace(arch, mlp_act=("glu_spline" if arch.mlp_act in ("swiglu", "glu_spline") else "spline") if mlp else arch.mlp_act,
-                   attn_fn="spline" if attn else arch.attn_fn, pre_qkv_spline=True if pre_qkv else arch.pre_qkv_spline)
+                   attn_fn=(arch.attn_fn if arch.attn_spline else "spline") if attn else arch.attn_fn, pre_qkv_spline=True if pre_qkv else arch.pre_qkv_spline)
 
 # %% ../nbs/08_two_phase.ipynb #8bb5942e
 def _staggered_starts(n_models:int, steps:int)->list:
@@ -327,6 +327,7 @@ def phase2(
     check_disjoint_seeds(seeds, nonlinearities)
     nl = as_nonlinearities(nonlinearities)
     arch = arch_for(data, spline_arch(arch, mlp=bool(len(nl.mlp)), attn=bool(len(nl.attn)), pre_qkv=bool(len(nl.pre_qkv))))
+    if len(nl.attn): arch = replace(arch, attn_fn=nl.attn_fn)   # the kernel's kind (itself or its logarithm) is the splines'
     ens = Ensemble(arch, seeds=list(seeds), nonlinearities=nl.for_depth(arch.n_layers).freeze())
     return train(ens, data, cfg, split="train", callbacks=callbacks, name=name, resume=resume or None)
 
