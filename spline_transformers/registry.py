@@ -383,5 +383,4 @@ _CHAR_POWER = Power(0.0023, "results/lm_shakespeare_char at 4d71577 (2 layers): 
 _BPE_POWER = Power(0.0028, "results/lm_shakespeare_bpe at 4d71577 (2 layers): spline − gelu validation token accuracy, 5 seeds")
 register(_afs_transfer("afs_shakespeare_char", dict(name="shakespeare", tokenizer="char", block_size=128), "Shakespeare, characters", "tinystories", _CHAR_POWER))
 register(_afs_transfer("afs_shakespeare_bpe", dict(name="shakespeare", tokenizer="bpe", vocab_size=1024, block_size=128), "Shakespeare, BPE 1024", "tinystories", _BPE_POWER))
-_AFS_WAITING = {e.name: e for e in (   # registered in the ledger with the character-level one; back in the registry when its run starts
-    _afs_transfer("afs_code_bpe", dict(name="code", tokenizer="bpe", vocab_size=1024, block_size=128), "Python code, BPE 1024", "codesearchnet", _BPE_POWER),)}
+register(_afs_transfer("afs_code_bpe", dict(name="code", tokenizer="bpe", vocab_size=1024, block_size=128), "Python code, BPE 1024", "codesearchnet", _BPE_POWER))
