@@ -35,9 +35,9 @@ from .model import TransformerConfig, Nonlinearities, MLP_ACTS, SHARINGS
 from .tasks import get_task, task_params, TASKS
 from .corpora import CORPORA, TOKENIZERS, prepare, load_corpus, corpus_stats, TokenArrays
 from .train import TrainConfig, SCHEDULES, steps_to_threshold, TrainingDiverged
-from .experiments import EXPERIMENTS, SIZES
+from .experiments import EXPERIMENTS, CONTRASTS, SIZES
 from .runner import reproduce, run_transfer, check_run, KINDS, result_headline, redecide
-from .experiments import register_results
+from .experiments import register_results, registration
 from . import interpolation_theory  # registers chapter 21's sweeps with the runner (`reproduce tikhonov`)
 from . import calibration  # registers chapter 9f's pilots with the runner (`reproduce pilot_mano`)
 from .results import experiments_table, load_result, arms_frame, seeds_frame
@@ -734,11 +734,16 @@ def cmd_reproduce(a)->int:
             plan = (f"{int(r.seeds)} seeds (its power plan asks for {int(r.planned_seeds) if known(r.planned_seeds) else 'no number'}), "
                     f"{'registered ' + r.registered if known(r.registered) else 'not registered'}") if known(r.seeds) else "a runner kind: no verdict"
             print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {plan}\n{'':12s} {r.claim}")
+        for n, c in CONTRASTS.items():   # claims decided across experiments: nothing to run, registered like experiments
+            reg = registration(n, out, a.size)
+            print(f"{n:12s} contrast ({c.kind}) of {', '.join(f'{e}: {x} − {r}' for e, x, r in c.parts)}\n{'':12s} "
+                  f"{'registered ' + reg['commit'][:10] if reg else 'not registered'}\n{'':12s} {c.claim}")
         return 0
     if a.register or a.redecide:
         if a.register and a.redecide: raise UsageError("--register and --redecide are separate steps: register (and commit the ledger) first")
         if not a.names: raise UsageError(f"name the experiments to {'register' if a.register else 'decide again'} (or 'all')")
-        names = list(EXPERIMENTS) if "all" in a.names else [check_name(n, tuple(EXPERIMENTS), "experiment") for n in a.names]
+        known = tuple(EXPERIMENTS) + (tuple(CONTRASTS) if a.register else ())   # a contrast is registered, never decided into a file
+        names = list(known) if "all" in a.names else [check_name(n, known, "experiment or contrast" if a.register else "experiment") for n in a.names]
         if a.register: register_results(names, out, a.size, log=None if a.quiet else print); return 0
         for n in names:
             s = redecide(n, out, command=_command_line()); v = s["verdicts"][0]

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['SIZES', 'EXPERIMENTS', 'REGISTRATIONS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells',
+__all__ = ['SIZES', 'EXPERIMENTS', 'CONTRASTS', 'REGISTRATIONS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells',
            'transfer_source', 'transfer_matrix_cells', 'file_transfer_cells', 'register', 'get_experiment', 'read_json',
-           'read_table', 'registrations', 'registration', 'check_registered', 'register_results']
+           'read_table', 'register_contrast', 'contrast_hash', 'registrations', 'registered_hash', 'registration',
+           'check_registered', 'register_results']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import pandas as pd
@@ -26,7 +27,7 @@ from .tasks import TASKS
 from .corpora import CORPORA
 from .train import TrainConfig
 from .two_phase import Phase1Config, spline_arch, as_nonlinearities
-from .stats import Power, statistic_source
+from .stats import Power, Contrast, statistic_source, contrast_source
 
 # %% ../nbs/09_experiments.ipynb #ce740053
 @dataclass(frozen=True)
@@ -302,6 +303,25 @@ def read_table(path:Path)->pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{path}: cannot be read as a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged or empty") from None
 
+# %% ../nbs/09_experiments.ipynb #79227318
+CONTRASTS:dict = {}  # name -> Contrast, in the order of the book
+
+def register_contrast(c:Contrast)->Contrast:
+    "Add `c` to the contrasts: a name is registered once, and every part names a registered experiment and two of its arms."
+    if c.name in CONTRASTS:
+        if CONTRASTS[c.name] == c: return CONTRASTS[c.name]
+        raise ValueError(f"a contrast named {c.name!r} is already registered, with another rule")
+    if c.name in EXPERIMENTS: raise ValueError(f"{c.name!r} names an experiment; a contrast needs a name of its own (the ledger holds both)")
+    for e, a, r in c.parts:
+        arms = {x.name for x in get_experiment(e).setting("cpu").arms}
+        if not {a, r} <= arms: raise ValueError(f"{c.name}: {e} has the arms {sorted(arms)}; the contrast compares {a!r} with {r!r}")
+    CONTRASTS[c.name] = c
+    return c
+
+def contrast_hash(c:Contrast, size:str="cpu")->str:
+    "The hash of `c`'s rule, the contrasts' statistic and the config hashes of the experiments it reads at `size`."
+    return content_hash({"contrast": asdict(c), "statistic": contrast_source(), "parts": {e: EXPERIMENTS[e].config_hash(size) for e, _, _ in c.parts}})
+
 # %% ../nbs/09_experiments.ipynb #5a1a02ea
 REGISTRATIONS = "registrations.json"  # in a results folder: the commit that registered each experiment's configuration
 
@@ -310,10 +330,14 @@ def registrations(out:Union[str,Path]="results")->dict:
     p = Path(out) / REGISTRATIONS
     return read_json(p, "registrations ledger") if p.is_file() else {}
 
+def registered_hash(name:str, size:str="cpu")->Optional[str]:
+    "The hash the ledger registers for `name` at `size`: an experiment's config hash, a contrast's hash; None for anything else (runner kinds decide nothing)."
+    return EXPERIMENTS[name].config_hash(size) if name in EXPERIMENTS else contrast_hash(CONTRASTS[name], size) if name in CONTRASTS else None
+
 def registration(name:str, out:Union[str,Path]="results", size:str="cpu")->Optional[dict]:
-    "The ledger entry of `name`'s current configuration at `size`, or None if it is not registered."
-    if name not in EXPERIMENTS: return None   # runner kinds (chapter 21's sweeps) decide nothing
-    h = EXPERIMENTS[name].config_hash(size)
+    "The ledger entry of `name`'s current configuration at `size` (an experiment or a contrast), or None if it is not registered."
+    h = registered_hash(name, size)
+    if h is None: return None
     return next((r for r in registrations(out).get(name, []) if r["config_hash"] == h and r["size"] == size), None)
 
 def check_registered(names:Sequence[str], out:Union[str,Path], size:str):
@@ -324,14 +348,15 @@ def check_registered(names:Sequence[str], out:Union[str,Path], size:str):
                                  f"{Path(out) / REGISTRATIONS}; commit the registry, then run `spline-transformers reproduce {' '.join(missing)} --register`")
 
 def register_results(
-    names:Union[str,Sequence[str]]="all", # experiments to register, or "all"
+    names:Union[str,Sequence[str]]="all", # experiments and contrasts to register, or "all"
     out:Union[str,Path]="results", # the results folder whose ledger records them
     size:str="cpu", # the size registered
     log:Optional[Callable]=print, # progress lines
 )->list:
-    "Record in `<out>/registrations.json` the commit that holds each experiment's current configuration (the source must be committed); returns the new entries."
-    names = list(EXPERIMENTS) if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
-    for n in names: get_experiment(n)
+    "Record in `<out>/registrations.json` the commit that holds each experiment's or contrast's current configuration (the source must be committed); returns the new entries."
+    names = [*EXPERIMENTS, *CONTRASTS] if names == "all" or names == ["all"] else [names] if isinstance(names, str) else list(names)
+    for n in names:
+        if n not in CONTRASTS: get_experiment(n)
     commit = git_output("rev-parse", "HEAD")
     if not commit: raise ValueError("registration records a git commit: run it in the package's git checkout")
     dirty = git_output("status", "--porcelain", "--untracked-files=no", "--", ".", "../nbs")
@@ -339,8 +364,8 @@ def register_results(
     ledger, new = registrations(out), []
     for n in names:
         if registration(n, out, size): continue
-        e = {"config_hash": EXPERIMENTS[n].config_hash(size), "size": size, "commit": commit,
-             "date": git_output("log", "-1", "--format=%cI", commit), "statistic": statistic_source()}
+        e = {"config_hash": registered_hash(n, size), "size": size, "commit": commit,
+             "date": git_output("log", "-1", "--format=%cI", commit), "statistic": contrast_source() if n in CONTRASTS else statistic_source()}
         ledger.setdefault(n, []).append(e); new.append({"experiment": n, **e})
         if log: log(f"{n}: registered {e['config_hash']} at {commit[:10]} ({e['date']})")
     if new: atomic_write(Path(out) / REGISTRATIONS, json.dumps(ledger, indent=1) + "\n")

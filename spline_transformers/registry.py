@@ -14,8 +14,8 @@ __all__ = ['cpu_setting', 'demo_setting']
 
 # %% ../nbs/09b_registry.ipynb #a253cc93
 from .two_phase import Phase1Config, DemoConfig, demo_config, quick_demo_config
-from .experiments import Experiment, Phase1Run, Arm, Setting, register
-from .stats import Verdict, Power
+from .experiments import Experiment, Phase1Run, Arm, Setting, register, register_contrast, CONTRASTS
+from .stats import Verdict, Power, Contrast
 
 # %% ../nbs/09b_registry.ipynb #01bffb6e
 _DEMO = demo_config("cpu")   # chapter 8's demo is the base: its sizes are written once, there
@@ -384,3 +384,22 @@ _BPE_POWER = Power(0.0028, "results/lm_shakespeare_bpe at 4d71577 (2 layers): sp
 register(_afs_transfer("afs_shakespeare_char", dict(name="shakespeare", tokenizer="char", block_size=128), "Shakespeare, characters", "tinystories", _CHAR_POWER))
 register(_afs_transfer("afs_shakespeare_bpe", dict(name="shakespeare", tokenizer="bpe", vocab_size=1024, block_size=128), "Shakespeare, BPE 1024", "tinystories", _BPE_POWER))
 register(_afs_transfer("afs_code_bpe", dict(name="code", tokenizer="bpe", vocab_size=1024, block_size=128), "Python code, BPE 1024", "codesearchnet", _BPE_POWER))
+
+# %% ../nbs/09b_registry.ipynb #3f62d953
+_CODE_PAPER = "Code gains exceed English gains (the paper's language-model section; no number)."
+_ATTN_PAPER = ("Spline attention with a GeLU MLP: about the baseline or worse, also on other language-model datasets; most of the "
+               "language-model gain comes from the MLP spline, as softmax is hard to beat locally.")
+for _name, _parts, _label in (("code_vs_english_ours", (("lm_code_bpe", "spline", "gelu"), ("lm_shakespeare_bpe", "spline", "gelu")), "the book's recipe"),
+                              ("code_vs_english_authors", (("afs_code_bpe", "own_mlp", "gelu"), ("afs_shakespeare_bpe", "own_mlp", "gelu")), "the authors' recipe")):
+    register_contrast(Contrast(_name, f"Splines learned on Python code ({_label}, BPE 1024) gain more validation token accuracy over GeLU than splines "
+                                      "learned on Shakespeare (BPE 1024) gain over GeLU.", _CODE_PAPER, "difference", _parts, margin=0.005, chapter="12a_language"))
+for _name, _part, _what, _stat, _chapter in (
+        ("attn_kernel_no_gain", ("attn_kernel", "attn_exp", "standard"), "the score kernel (the book's recipe, ADD, MLP at GeLU)", "speedup", "11_add"),
+        ("attn_kernel_authors_no_gain", ("attn_kernel_authors", "kernel", "standard"), "the score kernel (the authors' recipe, ADD, MLP at GeLU)", "speedup", "11_add"),
+        ("attn_log_kernel_no_gain", ("attn_kernel_authors", "log_kernel", "standard"), "the kernel learned in log space (the authors' recipe, ADD, MLP at GeLU)", "speedup", "11_add"),
+        ("attn_kernel_lm_no_gain", ("lm_shakespeare_char", "spline_attn", "spline"), "the score kernel beside the MLP spline (Shakespeare, characters)", "final_test", "12a_language"),
+        ("attn_pre_qkv_char_no_gain", ("afs_shakespeare_char", "afs_mlp_attn", "afs_mlp"), "the authors' pre-QKV splines beside their MLP splines (Shakespeare, characters)", "final_test", "12a_language"),
+        ("attn_pre_qkv_bpe_no_gain", ("afs_shakespeare_bpe", "afs_mlp_attn", "afs_mlp"), "the authors' pre-QKV splines beside their MLP splines (Shakespeare, BPE 1024)", "final_test", "12a_language"),
+        ("attn_pre_qkv_code_no_gain", ("afs_code_bpe", "afs_mlp_attn", "afs_mlp"), "the authors' pre-QKV splines beside their MLP splines (Python code, BPE 1024)", "final_test", "12a_language")):
+    register_contrast(Contrast(_name, f"Optimising the attention nonlinearity, {_what}, gives a negligible or negative result.", _ATTN_PAPER, "no_gain", (_part,),
+                               statistic=_stat, margin=1.25 if _stat == "speedup" else 0.005, chapter=_chapter))

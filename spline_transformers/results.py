@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/results.html.md"
 
 # %% ../nbs/09d_results.ipynb #bae68882
 from __future__ import annotations
-import json, math, os, shutil, warnings
+import datetime, json, math, os, shutil, warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -14,7 +14,8 @@ from typing import Optional, Sequence, Union
 __all__ = ['ZOO', 'ZOO_KEYS', 'load_result', 'results_dir', 'StaleResult', 'stale_results', 'experiments_table', 'arms_frame',
            'verdicts_frame', 'seeds_frame', 'curves_figure', 'steps_figure', 'learned_splines',
            'learned_splines_figure', 'by_size_figure', 'transfer_figure', 'probe_density', 'spline_gallery_figure',
-           'samples_frame', 'findings_table', 'learned_zoo', 'load_learned', 'update_zoo', 'peer_zoo']
+           'samples_frame', 'findings_table', 'contrast_result', 'contrasts_table', 'learned_zoo', 'load_learned',
+           'update_zoo', 'peer_zoo']
 
 # %% ../nbs/09d_results.ipynb #7eb167ff
 import numpy as np
@@ -24,8 +25,9 @@ import torch
 # %% ../nbs/09d_results.ipynb #34c2a63c
 from .core import atomic_write, check_option
 from .model import Nonlinearities, PEER_ZOO, zoo_dir, load_peer
-from .experiments import EXPERIMENTS, cells, read_json, read_table
+from .experiments import EXPERIMENTS, CONTRASTS, cells, read_json, read_table
 from .runner import KINDS, kind_named, work_cells
+from .stats import per_seed, decide_contrast
 from .experiments import registration
 from . import registry  # the book's experiments, registered on import
 
@@ -312,6 +314,58 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
                 else f"diagonal best in {v['estimate']:.0%} of targets")
         if _staleness(s, root): ours += " (stale: the experiment's configuration changed after this run)"
         rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": v["verdict"], "chapter": e.chapter})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/09d_results.ipynb #f5efd523
+def _when(iso:str)->datetime.datetime:
+    "A date written by git or by provenance, as an aware datetime."
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+def contrast_result(
+    name:str, # a registered contrast (`CONTRASTS`)
+    root:Optional[Union[str,Path]]=None, # the results folder (default: `results_dir()`)
+)->dict:
+    "A contrast decided from the committed results it reads: `decide_contrast`'s answer, its registration, each part's paired differences, what was post hoc, what is stale."
+    c = CONTRASTS[check_option(name, tuple(CONTRASTS), "contrast")]
+    root = results_dir() if root is None else Path(root)
+    reg = registration(name, root)
+    out = {"contrast": name, "claim": c.claim, "paper": c.paper, "kind": c.kind, "statistic": c.statistic, "chapter": c.chapter, "rule": c.rule,
+           "registered": reg["commit"][:10] if reg else None, "registered_date": reg["date"] if reg else None, "post_hoc": [], "stale": [],
+           "estimate": math.nan, "low": math.nan, "high": math.nan, "verdict": "not run yet", "why": "", "parts": [], "differences": {}}
+    exps = list(dict.fromkeys(e for e, _, _ in c.parts))
+    missing = [e for e in exps if not (root / e / "summary.json").is_file()]
+    if missing: return {**out, "why": f"no committed result for {', '.join(missing)}"}
+    seeds = {}
+    for e in exps:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StaleResult); r = load_result(e, root)   # staleness is reported in the answer, not warned
+        s = EXPERIMENTS[e].setting(r["summary"]["size"])
+        seeds[e] = per_seed(r["metrics"], s.threshold, s.metric)
+        if r["stale"]: out["stale"].append(e)
+        if reg is None or _when(r["provenance"]["date"]) < _when(reg["date"]): out["post_hoc"].append(e)
+    for e, a, ref in c.parts:
+        t = seeds[e]; col = "restricted" if c.statistic == "speedup" else c.statistic
+        x, y = (t[t.arm == v].set_index("seed")[col].dropna() for v in (a, ref)); both = sorted(set(x.index) & set(y.index))
+        out["differences"][f"{e}: {a} − {ref}"] = (np.log(y[both].to_numpy(float)) - np.log(x[both].to_numpy(float)) if c.statistic == "speedup"
+                                                    else x[both].to_numpy(float) - y[both].to_numpy(float)).tolist()
+    d = decide_contrast(c, seeds)
+    out.update({k: d[k] for k in ("estimate", "low", "high", "verdict", "why", "parts")})
+    if reg is None: out["why"] = "not registered (its answer counts for nothing until it is): " + out["why"]
+    return out
+
+def contrasts_table(
+    root:Optional[Union[str,Path]]=None, # the results folder (default: `results_dir()`)
+    chapter:Optional[str]=None, # only the contrasts this chapter reads (default: all)
+)->pd.DataFrame:
+    "One row per registered contrast: the claim, each part's gain, the contrast's estimate and interval, the verdict, post hoc or not, the chapter."
+    rows = []
+    for n, c in CONTRASTS.items():
+        if chapter and c.chapter != chapter: continue
+        r = contrast_result(n, root); g = lambda x: "—" if x is None or x != x else f"{x:.3g}"
+        parts = "; ".join(f"{p['experiment']} {p['arm']} − {p['reference']}: {g(p['estimate'])} [{g(p['low'])}, {g(p['high'])}], {p['seeds']} seeds" for p in r["parts"])
+        rows.append({"contrast": n, "claim": c.claim, "parts": parts or r["why"], "ours": f"{g(r['estimate'])} [{g(r['low'])}, {g(r['high'])}]",
+                     "verdict": r["verdict"], "post hoc": "—" if r["verdict"] == "not run yet" else ", ".join(r["post_hoc"]) or "no: registered before its results",
+                     "stale": ", ".join(r["stale"]), "chapter": c.chapter})
     return pd.DataFrame(rows)
 
 # %% ../nbs/09d_results.ipynb #a6c5182a

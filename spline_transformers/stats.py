@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 # %% auto #0
-__all__ = ['STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'STATISTIC_CODE', 'Verdict', 'per_seed', 'arm_table', 't_quantile',
-           'paired_interval', 'decide', 'decide_diagonal', 'paired_bootstrap', 'coverage_simulation', 'coverage_figure',
-           't_power', 'seeds_for_power', 'Power', 'statistic_source']
+__all__ = ['STATISTICS', 'VERDICTS', 'MIN_SEEDS', 'STATISTIC_CODE', 'CONTRAST_KINDS', 'CONTRAST_CODE', 'Verdict', 'per_seed',
+           'arm_table', 't_quantile', 'paired_interval', 'decide', 'decide_diagonal', 'paired_bootstrap',
+           'coverage_simulation', 'coverage_figure', 't_power', 'seeds_for_power', 'Power', 'statistic_source',
+           'Contrast', 'difference_interval', 'decide_contrast', 'difference_coverage', 'contrast_source']
 
 # %% ../nbs/08a_stats.ipynb #7d09fe29
 import numpy as np
@@ -384,3 +385,122 @@ def statistic_source()->str:
     mod, train = importlib.import_module("spline_transformers.stats"), importlib.import_module("spline_transformers.train")
     src = [inspect.getsource(getattr(mod, n)) for n in STATISTIC_CODE] + [inspect.getsource(train.steps_to_threshold)]
     return content_hash({"source": src, "constants": [mod.VERDICTS, mod.MIN_SEEDS, mod._MARGINS, mod._EFFECTS]})
+
+# %% ../nbs/08a_stats.ipynb #db550043
+CONTRAST_KINDS = ("difference", "no_gain")  # what a claim across experiments can say
+
+@dataclass(frozen=True)
+class Contrast:
+    "A claim decided across experiments (a difference of two gains) or against a gain (at most negligible), written before the run."
+    name:str # registry name, e.g. "code_vs_english"
+    claim:str # the claim tested, in one sentence
+    paper:str # what the paper says
+    kind:str # "difference": gain of parts[0] − gain of parts[1] | "no_gain": parts[0]'s gain is at most negligible
+    parts:tuple # ((experiment, arm, reference), ...): two for "difference", one for "no_gain"
+    statistic:str="final_test" # "speedup" (gains as log speed-ups) or an accuracy statistic ("final_test", "final_ood")
+    margin:Optional[float]=None # negligible: a speed-up below `margin`, a gain below ±margin (default by statistic, as `Verdict`)
+    confidence:float=0.95 # the interval's coverage
+    chapter:str="" # the chapter that reads it
+
+    def __post_init__(self):
+        check_option(self.kind, CONTRAST_KINDS, "contrast kind"); check_option(self.statistic, STATISTICS[:3], "contrast statistic")
+        want = 2 if self.kind == "difference" else 1
+        if len(self.parts) != want or any(len(p) != 3 for p in self.parts):
+            raise ValueError(f"{self.name}: a {self.kind!r} contrast takes {want} part(s), each (experiment, arm, reference); got {self.parts}")
+        if self.kind == "difference" and self.statistic == "speedup": raise ValueError(f"{self.name}: a difference of gains compares accuracy gains; give an accuracy statistic")
+        object.__setattr__(self, "parts", tuple(tuple(p) for p in self.parts))
+        if self.margin is None: object.__setattr__(self, "margin", _MARGINS[self.statistic])
+
+    @property
+    def rule(self)->str:
+        "The rule in words."
+        if self.kind == "difference":
+            (e1, a1, r1), (e2, a2, r2) = self.parts
+            return (f"reproduced if the Welch t {self.confidence:.0%} interval of the mean gain in {self.statistic.replace('_', ' ')} accuracy of {a1!r} over {r1!r} "
+                    f"in {e1} minus that of {a2!r} over {r2!r} in {e2} lies above 0; reversed if it lies below 0; no effect if it lies inside "
+                    f"[{-self.margin:g}, {self.margin:g}]; underpowered otherwise, or with fewer than {MIN_SEEDS} paired seeds in either experiment")
+        (e, a, r), = self.parts
+        what = "geometric-mean speed-up" if self.statistic == "speedup" else f"mean gain in {self.statistic.replace('_', ' ')} accuracy"
+        return (f"reproduced (at most negligible) if the paired t {self.confidence:.0%} interval of the {what} of {a!r} over {r!r} in {e} lies below "
+                f"{self.margin:g}; reversed if it lies above {self.margin:g}; underpowered otherwise, with fewer than {MIN_SEEDS} paired seeds, when every pair ties"
+                f"{', or when fewer than half the seeds reach the threshold in both arms' if self.statistic == 'speedup' else ''} (no effect is part of the claim)")
+
+# %% ../nbs/08a_stats.ipynb #a3873ada
+def difference_interval(
+    a:Sequence[float], # the first experiment's paired differences (arm − reference), one per seed
+    b:Sequence[float], # the second experiment's
+    confidence:float=0.95, # the interval's coverage
+)->tuple:
+    "(estimate, low, high): mean(a) − mean(b) with Welch's t interval, at the Welch–Satterthwaite degrees of freedom rounded down."
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.ndim != 1 or b.ndim != 1 or len(a) < 2 or len(b) < 2: raise ValueError(f"a difference of gains needs at least 2 values on each side, got {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()): raise ValueError("paired differences must be finite")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    est, se = float(a.mean() - b.mean()), math.sqrt(va + vb)
+    if se == 0: return est, est, est
+    df = max(1, int((va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))))
+    h = t_quantile(0.5 + confidence / 2, df) * se
+    return est, est - h, est + h
+
+def decide_contrast(
+    c:Contrast, # the rule
+    seeds:dict, # experiment -> `per_seed`'s table of that experiment's result
+)->dict:
+    "Apply a contrast's rule: the estimate, its interval, the verdict (one of `VERDICTS`), why, the rule in words, and each part's gain."
+    for e, a, r in c.parts:
+        if e not in seeds: raise ValueError(f"{c.name}: the contrast reads {e!r}, but the tables given are {sorted(seeds)}")
+    parts = [decide(Verdict(a, r, c.statistic, 1.0 if c.statistic == "speedup" else 0.0, c.confidence, c.margin), seeds[e]) for e, a, r in c.parts]
+    out = {"contrast": c.name, "kind": c.kind, "statistic": c.statistic, "estimate": math.nan, "low": math.nan, "high": math.nan, "verdict": "underpowered",
+           "why": "", "rule": c.rule, "parts": [{"experiment": e, "arm": a, "reference": r, **{k: p[k] for k in ("estimate", "low", "high", "seeds", "verdict")}}
+                                               for (e, a, r), p in zip(c.parts, parts)]}
+    if c.kind == "no_gain":
+        p = parts[0]; out.update(estimate=p["estimate"], low=p["low"], high=p["high"])
+        structural = p["seeds"] < MIN_SEEDS or p["why"].startswith(("every pair ties", "fewer than half"))
+        if structural: return {**out, "why": p["why"]}
+        none_at, edge = (1.0 if c.statistic == "speedup" else 0.0), c.margin   # no difference; the top of the negligible band
+        if p["high"] < edge: return {**out, "verdict": "reproduced", "why": f"the interval lies below {edge:g}: " + ("negative" if p["high"] < none_at else "at most negligible")}
+        if p["low"] > edge: return {**out, "verdict": "reversed", "why": f"the interval lies above {edge:g}: a gain beyond negligible"}
+        return {**out, "why": f"the interval [{p['low']:.4g}, {p['high']:.4g}] crosses {edge:g}"}
+    diffs = []
+    for (e, a, r), p in zip(c.parts, parts):
+        if p["seeds"] < MIN_SEEDS: return {**out, "why": f"{e}: {p['seeds']} paired seeds, fewer than {MIN_SEEDS}"}
+        t = seeds[e]; ra, aa = (t[t.arm == x].set_index("seed")[c.statistic] for x in (r, a))
+        both = sorted(set(ra.dropna().index) & set(aa.dropna().index))
+        diffs.append(aa.loc[both].to_numpy(float) - ra.loc[both].to_numpy(float))
+    est, lo, hi = difference_interval(diffs[0], diffs[1], c.confidence)
+    out.update(estimate=est, low=lo, high=hi)
+    if lo > 0: return {**out, "verdict": "reproduced", "why": "the interval lies above 0"}
+    if hi < 0: return {**out, "verdict": "reversed", "why": "the interval lies below 0"}
+    if -c.margin <= lo and hi <= c.margin: return {**out, "verdict": "no effect", "why": f"the interval lies inside [{-c.margin:g}, {c.margin:g}]"}
+    return {**out, "why": f"the interval [{lo:.4g}, {hi:.4g}] crosses 0 and leaves [{-c.margin:g}, {c.margin:g}]"}
+
+# %% ../nbs/08a_stats.ipynb #ac9df667
+def difference_coverage(
+    sizes:Sequence[tuple]=((5, 5), (10, 10), (5, 10), (10, 5)), # seeds on each side
+    reps:int=20_000, # simulated pairs of experiments per scenario
+    confidence:float=0.95, # the interval's nominal coverage
+    seed:int=0, # the simulation's seed
+)->pd.DataFrame:
+    "How often `difference_interval` holds the true difference of means: one row per (seeds, shape, spread ratio)."
+    rng, rows = np.random.default_rng(seed), []
+    draw = {"normal": lambda s: _z(rng, "log-normal", s), "skewed": lambda s: _z(rng, "skewed", s),   # the paired interval's shapes (a gamma skew)
+            "stalls": lambda s: _z(rng, "stalls", s), "heavy": lambda s: rng.standard_t(3, s) / math.sqrt(3)}
+    for (na, nb) in sizes:
+        for shape, f in draw.items():
+            for ratio in (1.0, 3.0):
+                a, b = f((reps, na)), ratio * f((reps, nb))
+                truth = 0.5 - ratio * 0.5 if shape == "stalls" else 0.0   # the stalls' mean is 0.5 (a fifth at +2.5); the others' 0
+                va, vb = a.var(1, ddof=1) / na, b.var(1, ddof=1) / nb
+                df = np.maximum(1, np.floor((va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)))).astype(int)
+                q = np.array([t_quantile(0.5 + confidence / 2, d) for d in range(1, na + nb)])[df - 1]
+                rows.append({"seeds": f"{na} + {nb}", "shape": shape, "spread ratio": ratio,
+                             "coverage": float((np.abs(a.mean(1) - b.mean(1) - truth) <= q * np.sqrt(va + vb)).mean())})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/08a_stats.ipynb #4a424bd3
+CONTRAST_CODE = ("Contrast", "difference_interval", "decide_contrast")  # what decides a contrast, beside `STATISTIC_CODE`
+
+def contrast_source()->str:
+    "A hash of the source of the code that decides a contrast (`CONTRAST_CODE`) and of `statistic_source`'s."
+    mod = importlib.import_module("spline_transformers.stats")
+    return content_hash({"source": [inspect.getsource(getattr(mod, n)) for n in CONTRAST_CODE], "statistic": statistic_source(), "kinds": mod.CONTRAST_KINDS})

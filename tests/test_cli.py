@@ -117,6 +117,17 @@ def test_unknown_names_list_the_valid_ones(argv, valid, capsys):
     assert "Traceback" not in err
 
 
+def test_reproduce_list_shows_contrasts_and_register_takes_their_names(capsys):
+    code, out, err = run(["reproduce", "--list"], capsys)
+    assert code == 0, err
+    assert "code_vs_english_authors contrast (difference) of afs_code_bpe: own_mlp − gelu, afs_shakespeare_bpe: own_mlp − gelu" in out
+    assert "attn_pre_qkv_code_no_gain contrast (no_gain) of afs_code_bpe: afs_mlp_attn − afs_mlp" in out
+    code, _, err = run(["reproduce", "code_vs_fortran", "--register"], capsys)   # contrast names are valid here, and listed
+    assert code == 2 and "experiment or contrast" in err and "code_vs_english_ours" in err and "add" in err
+    code, _, err = run(["reproduce", "code_vs_english_ours", "--redecide"], capsys)   # a contrast has no folder to decide again
+    assert code == 2 and "unknown experiment" in err
+
+
 def test_phase1_needs_exactly_one_data_source(capsys):
     code, _, err = run(["phase1", "--task", "add", "--corpus", "shakespeare"], capsys)
     assert code == 2 and "exactly one of --task" in err

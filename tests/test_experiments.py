@@ -423,3 +423,21 @@ def test_registering_the_same_experiment_again_changes_nothing_and_another_is_re
     changed = replace(add, claim=add.claim + " (changed)")
     with pytest.raises(ValueError, match="already registered, with another setting"): register(changed)
     assert EXPERIMENTS["add"] is add
+
+
+def test_every_contrast_is_registered_current_and_decided():
+    "Contrasts (claims across experiments) are in the ledger at their current rule; one read as registered before a result really was."
+    from spline_transformers.experiments import CONTRASTS, registration
+    from spline_transformers.results import contrast_result
+    from spline_transformers.core import git_output
+    assert len(CONTRASTS) >= 9
+    for n, c in CONTRASTS.items():
+        reg = registration(n, RESULTS)
+        assert reg is not None, f"{n}: no registration of its rule in results/registrations.json; run `spline-transformers reproduce {n} --register`"
+        r = contrast_result(n, RESULTS)
+        assert r["verdict"] in VERDICTS, f"{n}: {r['verdict']} ({r['why']})"
+        assert not r["stale"], (n, r["stale"])
+        for e in {p[0] for p in c.parts} - set(r["post_hoc"]):   # read as registered before its result: the commit holding the result descends from the registration
+            held = git_output("log", "-1", "--format=%H", "--", str(RESULTS / e / "summary.json"))
+            if held and git_output("cat-file", "-t", reg["commit"]) == "commit":
+                assert git_output("merge-base", reg["commit"], held) == reg["commit"], f"{n}: {e}'s result was committed at {held[:10]}, not after the contrast's registration"
