@@ -319,8 +319,8 @@ def register_contrast(c:Contrast)->Contrast:
     return c
 
 def contrast_hash(c:Contrast, size:str="cpu")->str:
-    "The hash of `c`'s rule, the contrasts' statistic and the config hashes of the experiments it reads at `size`."
-    return content_hash({"contrast": asdict(c), "statistic": contrast_source(), "parts": {e: EXPERIMENTS[e].config_hash(size) for e, _, _ in c.parts}})
+    "The hash of what decides `c` (`Contrast.decides`, not its words), the contrasts' statistic and the config hashes of the experiments it reads at `size`."
+    return content_hash({"contrast": c.decides, "statistic": contrast_source(), "parts": {e: EXPERIMENTS[e].config_hash(size) for e, _, _ in c.parts}})
 
 # %% ../nbs/09_experiments.ipynb #5a1a02ea
 REGISTRATIONS = "registrations.json"  # in a results folder: the commit that registered each experiment's configuration

@@ -14,7 +14,7 @@ __all__ = ['cpu_setting', 'demo_setting']
 
 # %% ../nbs/09b_registry.ipynb #a253cc93
 from .two_phase import Phase1Config, DemoConfig, demo_config, quick_demo_config
-from .experiments import Experiment, Phase1Run, Arm, Setting, register, register_contrast, CONTRASTS
+from .experiments import Experiment, Phase1Run, Arm, Setting, register, register_contrast
 from .stats import Verdict, Power, Contrast
 
 # %% ../nbs/09b_registry.ipynb #01bffb6e

@@ -324,11 +324,12 @@ def _when(iso:str)->datetime.datetime:
 def contrast_result(
     name:str, # a registered contrast (`CONTRASTS`)
     root:Optional[Union[str,Path]]=None, # the results folder (default: `results_dir()`)
+    size:str="cpu", # the size of the results it reads (the size registered)
 )->dict:
     "A contrast decided from the committed results it reads: `decide_contrast`'s answer, its registration, each part's paired differences, what was post hoc, what is stale."
     c = CONTRASTS[check_option(name, tuple(CONTRASTS), "contrast")]
     root = results_dir() if root is None else Path(root)
-    reg = registration(name, root)
+    reg = registration(name, root, size)
     out = {"contrast": name, "claim": c.claim, "paper": c.paper, "kind": c.kind, "statistic": c.statistic, "chapter": c.chapter, "rule": c.rule,
            "registered": reg["commit"][:10] if reg else None, "registered_date": reg["date"] if reg else None, "post_hoc": [], "stale": [],
            "estimate": math.nan, "low": math.nan, "high": math.nan, "verdict": "not run yet", "why": "", "parts": [], "differences": {}}
@@ -339,9 +340,10 @@ def contrast_result(
     for e in exps:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", StaleResult); r = load_result(e, root)   # staleness is reported in the answer, not warned
-        s = EXPERIMENTS[e].setting(r["summary"]["size"])
+        if r["summary"]["size"] != size: raise ValueError(f"{name}: {e}'s result under {root} is of size {r['summary']['size']!r}, not {size!r}")
+        s = EXPERIMENTS[e].setting(size)
         seeds[e] = per_seed(r["metrics"], s.threshold, s.metric)
-        if r["stale"]: out["stale"].append(e)
+        if r["stale"]: out["stale"].append(e)   # a stale part: the answer is about another configuration (the table says so)
         if reg is None or _when(r["provenance"]["date"]) < _when(reg["date"]): out["post_hoc"].append(e)
     for e, a, ref in c.parts:
         t = seeds[e]; col = "restricted" if c.statistic == "speedup" else c.statistic
@@ -351,6 +353,7 @@ def contrast_result(
     d = decide_contrast(c, seeds)
     out.update({k: d[k] for k in ("estimate", "low", "high", "verdict", "why", "parts")})
     if reg is None: out["why"] = "not registered (its answer counts for nothing until it is): " + out["why"]
+    if out["stale"]: out["why"] = f"stale ({', '.join(out['stale'])}: the experiment's configuration changed after its run): " + out["why"]
     return out
 
 def contrasts_table(

@@ -391,7 +391,7 @@ CONTRAST_KINDS = ("difference", "no_gain")  # what a claim across experiments ca
 
 @dataclass(frozen=True)
 class Contrast:
-    "A claim decided across experiments (a difference of two gains) or against a gain (at most negligible), written before the run."
+    "A claim decided across experiments (a difference of two gains) or against a gain (at most negligible), registered like an experiment's rules."
     name:str # registry name, e.g. "code_vs_english"
     claim:str # the claim tested, in one sentence
     paper:str # what the paper says
@@ -408,8 +408,20 @@ class Contrast:
         if len(self.parts) != want or any(len(p) != 3 for p in self.parts):
             raise ValueError(f"{self.name}: a {self.kind!r} contrast takes {want} part(s), each (experiment, arm, reference); got {self.parts}")
         if self.kind == "difference" and self.statistic == "speedup": raise ValueError(f"{self.name}: a difference of gains compares accuracy gains; give an accuracy statistic")
+        if self.kind == "difference" and self.parts[0][0] == self.parts[1][0]:
+            raise ValueError(f"{self.name}: both parts read {self.parts[0][0]!r}, whose seeds are paired; compare its arms with a `Verdict` instead")
         object.__setattr__(self, "parts", tuple(tuple(p) for p in self.parts))
-        if self.margin is None: object.__setattr__(self, "margin", _MARGINS[self.statistic])
+        object.__setattr__(self, "margin", self.verdict(0).margin)   # `Verdict` checks it (a ratio above 1 for speed-ups) and fills the default
+
+    def verdict(self, i:int)->Verdict:
+        "The paired rule of part `i`: its arm against its reference, on this contrast's statistic, margin and confidence."
+        e, a, r = self.parts[i]
+        return Verdict(a, r, self.statistic, 1.0 if self.statistic == "speedup" else 0.0, self.confidence, self.margin)
+
+    @property
+    def decides(self)->dict:
+        "What decides the contrast (its hash covers this, not its words): kind, parts, statistic, margin, confidence."
+        return {"kind": self.kind, "parts": [list(p) for p in self.parts], "statistic": self.statistic, "margin": self.margin, "confidence": self.confidence}
 
     @property
     def rule(self)->str:
@@ -418,12 +430,17 @@ class Contrast:
             (e1, a1, r1), (e2, a2, r2) = self.parts
             return (f"reproduced if the Welch t {self.confidence:.0%} interval of the mean gain in {self.statistic.replace('_', ' ')} accuracy of {a1!r} over {r1!r} "
                     f"in {e1} minus that of {a2!r} over {r2!r} in {e2} lies above 0; reversed if it lies below 0; no effect if it lies inside "
-                    f"[{-self.margin:g}, {self.margin:g}]; underpowered otherwise, or with fewer than {MIN_SEEDS} paired seeds in either experiment")
+                    f"[{-self.margin:g}, {self.margin:g}]; underpowered otherwise, with fewer than {MIN_SEEDS} paired seeds in either experiment, or when every pair of "
+                    f"either experiment ties or the differences do not spread at all")
         (e, a, r), = self.parts
-        what = "geometric-mean speed-up" if self.statistic == "speedup" else f"mean gain in {self.statistic.replace('_', ' ')} accuracy"
+        what = ("geometric-mean speed-up in steps to threshold (a seed that never reaches it counts as one evaluation past the budget)" if self.statistic == "speedup"
+                else f"mean gain in {self.statistic.replace('_', ' ')} accuracy")
+        censored = (", when fewer than half the seeds reach the threshold in both arms, and, for reproduced, when a seed of the reference never "
+                    "reaches it where the arm's does (its speed-up is then only a lower bound), for reversed, when a seed of the arm never reaches it "
+                    "where the reference's does (an upper bound)") if self.statistic == "speedup" else ""
         return (f"reproduced (at most negligible) if the paired t {self.confidence:.0%} interval of the {what} of {a!r} over {r!r} in {e} lies below "
                 f"{self.margin:g}; reversed if it lies above {self.margin:g}; underpowered otherwise, with fewer than {MIN_SEEDS} paired seeds, when every pair ties"
-                f"{', or when fewer than half the seeds reach the threshold in both arms' if self.statistic == 'speedup' else ''} (no effect is part of the claim)")
+                f"{censored} (no effect is part of the claim)")
 
 # %% ../nbs/08a_stats.ipynb #a3873ada
 def difference_interval(
@@ -437,7 +454,7 @@ def difference_interval(
     if not (np.isfinite(a).all() and np.isfinite(b).all()): raise ValueError("paired differences must be finite")
     va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
     est, se = float(a.mean() - b.mean()), math.sqrt(va + vb)
-    if se == 0: return est, est, est
+    if se == 0: return est, est, est   # no spread: `decide_contrast` calls that underpowered
     df = max(1, int((va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))))
     h = t_quantile(0.5 + confidence / 2, df) * se
     return est, est - h, est + h
@@ -449,7 +466,7 @@ def decide_contrast(
     "Apply a contrast's rule: the estimate, its interval, the verdict (one of `VERDICTS`), why, the rule in words, and each part's gain."
     for e, a, r in c.parts:
         if e not in seeds: raise ValueError(f"{c.name}: the contrast reads {e!r}, but the tables given are {sorted(seeds)}")
-    parts = [decide(Verdict(a, r, c.statistic, 1.0 if c.statistic == "speedup" else 0.0, c.confidence, c.margin), seeds[e]) for e, a, r in c.parts]
+    parts = [decide(c.verdict(i), seeds[e]) for i, (e, _, _) in enumerate(c.parts)]
     out = {"contrast": c.name, "kind": c.kind, "statistic": c.statistic, "estimate": math.nan, "low": math.nan, "high": math.nan, "verdict": "underpowered",
            "why": "", "rule": c.rule, "parts": [{"experiment": e, "arm": a, "reference": r, **{k: p[k] for k in ("estimate", "low", "high", "seeds", "verdict")}}
                                                for (e, a, r), p in zip(c.parts, parts)]}
@@ -458,8 +475,17 @@ def decide_contrast(
         structural = p["seeds"] < MIN_SEEDS or p["why"].startswith(("every pair ties", "fewer than half"))
         if structural: return {**out, "why": p["why"]}
         none_at, edge = (1.0 if c.statistic == "speedup" else 0.0), c.margin   # no difference; the top of the negligible band
-        if p["high"] < edge: return {**out, "verdict": "reproduced", "why": f"the interval lies below {edge:g}: " + ("negative" if p["high"] < none_at else "at most negligible")}
-        if p["low"] > edge: return {**out, "verdict": "reversed", "why": f"the interval lies above {edge:g}: a gain beyond negligible"}
+        e, a, r = c.parts[0]
+        if c.statistic == "speedup":   # one-sided censoring bounds the speed-up of a seed from one side only
+            t = seeds[e]; ra, aa = (t[t.arm == x].set_index("seed").reached for x in (r, a)); both = sorted(set(ra.index) & set(aa.index))
+            only_arm, only_ref = int((aa[both] & ~ra[both]).sum()), int((ra[both] & ~aa[both]).sum())
+        else: only_arm = only_ref = 0
+        if p["high"] < edge:
+            if only_arm: return {**out, "why": f"the interval lies below {edge:g}, but on {only_arm} seed(s) the reference never reached the threshold where the arm did: a lower bound"}
+            return {**out, "verdict": "reproduced", "why": f"the interval lies below {edge:g}: " + ("negative" if p["high"] < none_at else "at most negligible")}
+        if p["low"] > edge:
+            if only_ref: return {**out, "why": f"the interval lies above {edge:g}, but on {only_ref} seed(s) the arm never reached the threshold where the reference did: an upper bound"}
+            return {**out, "verdict": "reversed", "why": f"the interval lies above {edge:g}: a gain beyond negligible"}
         return {**out, "why": f"the interval [{p['low']:.4g}, {p['high']:.4g}] crosses {edge:g}"}
     diffs = []
     for (e, a, r), p in zip(c.parts, parts):
@@ -467,8 +493,10 @@ def decide_contrast(
         t = seeds[e]; ra, aa = (t[t.arm == x].set_index("seed")[c.statistic] for x in (r, a))
         both = sorted(set(ra.dropna().index) & set(aa.dropna().index))
         diffs.append(aa.loc[both].to_numpy(float) - ra.loc[both].to_numpy(float))
+        if not diffs[-1].any(): return {**out, "why": f"{e}: every pair ties (both arms at the same value: a ceiling or a floor)"}
     est, lo, hi = difference_interval(diffs[0], diffs[1], c.confidence)
     out.update(estimate=est, low=lo, high=hi)
+    if lo == hi: return {**out, "why": "the paired differences do not spread at all: no interval"}
     if lo > 0: return {**out, "verdict": "reproduced", "why": "the interval lies above 0"}
     if hi < 0: return {**out, "verdict": "reversed", "why": "the interval lies below 0"}
     if -c.margin <= lo and hi <= c.margin: return {**out, "verdict": "no effect", "why": f"the interval lies inside [{-c.margin:g}, {c.margin:g}]"}

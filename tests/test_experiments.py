@@ -437,7 +437,9 @@ def test_every_contrast_is_registered_current_and_decided():
         r = contrast_result(n, RESULTS)
         assert r["verdict"] in VERDICTS, f"{n}: {r['verdict']} ({r['why']})"
         assert not r["stale"], (n, r["stale"])
-        for e in {p[0] for p in c.parts} - set(r["post_hoc"]):   # read as registered before its result: the commit holding the result descends from the registration
-            held = git_output("log", "-1", "--format=%H", "--", str(RESULTS / e / "summary.json"))
+        for e in {p[0] for p in c.parts} - set(r["post_hoc"]):   # read as registered before its result: the first commit holding this result descends from the registration
+            path, cells = f"results/{e}/summary.json", json.loads((RESULTS / e / "summary.json").read_text())["cells_hash"]
+            held = [h for h in git_output("log", "--format=%H", "--", f":/{path}").split()
+                    if json.loads(git_output("show", f"{h}:{path}") or "{}").get("cells_hash") == cells]
             if held and git_output("cat-file", "-t", reg["commit"]) == "commit":
-                assert git_output("merge-base", reg["commit"], held) == reg["commit"], f"{n}: {e}'s result was committed at {held[:10]}, not after the contrast's registration"
+                assert git_output("merge-base", reg["commit"], held[-1]) == reg["commit"], f"{n}: {e}'s result was first committed at {held[-1][:10]}, before the contrast's registration"
