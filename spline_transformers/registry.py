@@ -236,6 +236,7 @@ register(Experiment(
 
 # %% ../nbs/09b_registry.ipynb #0c559825
 _LOG_IDENTITY = _runs("logid", 560, mlp=False, attn=True, arch=(("attn_fn", "log_spline"), ("attn_init", "identity")))
+_LOG_CONST = tuple(f"attn_kernel_authors/{r.name}" for r in _LOG_KERNEL)   # the constant-start log kernels, borrowed
 
 register(Experiment(
     "attn_log_kernel_identity", "The log-space attention kernel learned from softmax itself", task="add", chapter="11_add",
@@ -244,11 +245,11 @@ register(Experiment(
           "MLP left at GeLU) makes a fresh transformer learn 2-digit addition faster than softmax, and faster than the same kernel learned from the constant start.",
     paper="The paper keeps the attention spline in its method, and reports no gain from it on TinyStories (spec §6); its softmax-equivalent start is "
           "the kernel v_k = exp(a_k − R) (spec §2), here in log space.",
-    sources=tuple(f"attn_kernel_authors/{r.name}" for r in _LOG_KERNEL),
+    sources=_LOG_CONST,
     sizes=_sizes(cpu_setting(
         dict(n_digits=2, ood_digits=(3, 3), reverse_operands=False),
         arms=(Arm("standard"), Arm("log_identity", _all(_LOG_IDENTITY)), Arm("log_identity_best", _all(_LOG_IDENTITY), splines="best"),
-              Arm("log_const", "phase1:" + "|".join(f"attn_kernel_authors/{r.name}" for r in _LOG_KERNEL), arch=(("attn_fn", "log_spline"),))),
+              Arm("log_const", "phase1:" + "|".join(_LOG_CONST), arch=(("attn_fn", "log_spline"),))),
         phase1_runs=_LOG_IDENTITY,
         arch={**_AUTHORS_ARCH, "attn_init": 0.01}, p1=_AUTHORS_P1, phase1_train=dict(steps=800), seeds=tuple(range(10))),
         gpu_task_params=dict(n_digits=10, ood_digits=(11, 15), reverse_operands=False)),
