@@ -114,6 +114,17 @@ struct Gather8 {   // the same lookup from memory (vgatherdps), for K > 32: writ
   inline __m256 operator()(__m256i i) const { return _mm256_i32gather_ps(t, i, 4); }
 };
 
+// Both forward lookups at once for K > 32: the pair (v[i], v[i + 1]) is 8 contiguous bytes of the value table, so two
+// 4-wide 64-bit gathers fetch the 8 lanes' pairs (half the loads of two 8-wide float gathers), and the rise
+// d = v[i + 1] - v[i] is the same float subtraction that builds the rise table, so results are bitwise unchanged.
+static inline void pairs8(const float* vs, __m256i i, __m256& lo, __m256& d) {
+  const __m256i ip = _mm256_permute4x64_epi64(i, 0xD8);   // lanes [0 1 4 5 | 2 3 6 7]
+  const __m256 a = _mm256_castpd_ps(_mm256_i32gather_pd((const double*)vs, _mm256_castsi256_si128(ip), 4));
+  const __m256 b = _mm256_castpd_ps(_mm256_i32gather_pd((const double*)vs, _mm256_extracti128_si256(ip, 1), 4));
+  lo = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));   // [v0 v1 v2 v3 | v4 v5 v6 v7]
+  d = _mm256_sub_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)), lo);
+}
+
 struct Loc8 { __m256 t, tc, fi; __m256i i; };
 
 static inline Loc8 locate8(__m256 x, __m256 x_min, __m256 inv_h, __m256 top, __m256i imax) {
@@ -141,7 +152,9 @@ static void fwd_run_avx2(const float* x, const float* vs, const float* ds, float
     const __m256i m = full ? _mm256_set1_epi32(-1) : tail_mask8(n, q);
     const __m256 xv = full ? _mm256_loadu_ps(x + q) : _mm256_maskload_ps(x + q, m);
     const Loc8 L = locate8(xv, vmin, vinv, top, imax);
-    const __m256 lo = V(L.i), d = D(L.i);
+    __m256 lo, d;
+    if constexpr (std::is_same<Tab, Gather8>::value) pairs8(vs, L.i, lo, d);
+    else { lo = V(L.i); d = D(L.i); }
     __m256 r;
     if (!linear) r = _mm256_fmadd_ps(_mm256_sub_ps(L.tc, L.fi), d, lo);
     else {
