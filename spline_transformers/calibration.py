@@ -15,8 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 # %% auto #0
-__all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD', 'pilot_setting',
-           'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result', 'pilot_headline', 'pilot_table',
+__all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD', 'PILOT_NEEDLE_INIT',
+           'pilot_setting', 'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result', 'pilot_headline', 'pilot_table',
            'pilot_curves_figure']
 
 # %% ../nbs/09f_calibration.ipynb #1c89eed7
@@ -34,9 +34,15 @@ PILOT_SEEDS = tuple(range(2000, 2008))  # the seeds of every pilot: apart from e
 PILOT_SHARE = (0.5, 0.9)  # the rule: a candidate is usable when this share of its seeds (inclusive) reaches the threshold
 MACHINE_FIELDS = ("device", "progress", "checkpoint_dir", "checkpoint_every", "keep_checkpoints")  # TrainConfig fields a pilot leaves to the machine
 
+_CANDIDATE_KEYS = ("name", "task_params", "train", "arch")
+
+def _candidate(c:dict)->dict:
+    "A candidate as plain data (its `arch` key only when it changes the architecture, so pilots registered before it keep their hashes)."
+    return {"name": c["name"], "task_params": dict(c.get("task_params", {})), "train": dict(c.get("train", {})), **({"arch": dict(c["arch"])} if c.get("arch") else {})}
+
 def pilot_setting(
     experiment:str, # the registered experiment whose task and standard arm the pilot sizes
-    candidates:Sequence[dict], # cheapest first: each {"name": str, "task_params": {changes}, "train": {changes}}
+    candidates:Sequence[dict], # cheapest first: each {"name": str, "task_params": {changes}, "train": {changes}, "arch": {changes}} (arch optional)
     size:str="cpu", # the experiment's size to start from
     seeds:Sequence[int]=PILOT_SEEDS, # the standard arm's seeds, trained as one batched ensemble per candidate
     share:tuple=PILOT_SHARE, # (low, high): the share of seeds reaching the threshold that makes a candidate usable
@@ -49,24 +55,26 @@ def pilot_setting(
     names = [c.get("name") for c in candidates]
     if len(set(names)) < len(names) or not all(isinstance(n, str) and n for n in names): raise ValueError(f"candidates need distinct names, got {names}")
     train = {k: v for k, v in s.train.to_dict().items() if k not in MACHINE_FIELDS}
+    arch = standard_arch(s.arch).to_dict() | {"init_std": s.arch.init_std}   # every field a candidate may name
     for c in candidates:
-        if set(c) - {"name", "task_params", "train"}: raise ValueError(f"candidate {c['name']!r}: unknown keys {sorted(set(c) - {'name', 'task_params', 'train'})}")
+        if set(c) - set(_CANDIDATE_KEYS): raise ValueError(f"candidate {c['name']!r}: unknown keys {sorted(set(c) - set(_CANDIDATE_KEYS))}")
         bad = set(c.get("train", {})) - set(train)
         if bad: raise ValueError(f"candidate {c['name']!r}: {sorted(bad)} are not TrainConfig fields")
+        bad = set(c.get("arch", {})) - set(arch) | set(c.get("arch", {})) & {"mlp_act", "attn_fn", "vocab_size", "max_len"}
+        if bad: raise ValueError(f"candidate {c['name']!r}: {sorted(bad)} are not architecture fields a pilot may change (the standard arm's nonlinearities and the task's vocabulary stay)")
     lo, hi = share
     if not 0 <= lo <= hi <= 1: raise ValueError(f"share must be (low, high) with 0 <= low <= high <= 1, got {share}")
     if set(seeds) & ({x for r in s.phase1_runs for x in r.seeds} | set(s.seeds)): raise ValueError("pilot seeds must differ from the experiment's seeds")
     return {"experiment": experiment, "task": e.task, "task_params": dict(s.task_params), "arch": standard_arch(s.arch).to_dict(),
             "train": train, "threshold": s.threshold, "metric": s.metric, "seeds": [int(x) for x in seeds],
-            "share": [float(lo), float(hi)], "candidates": [{"name": c["name"], "task_params": dict(c.get("task_params", {})),
-                                                           "train": dict(c.get("train", {}))} for c in candidates]}
+            "share": [float(lo), float(hi)], "candidates": [_candidate(c) for c in candidates]}
 
 # %% ../nbs/09f_calibration.ipynb #dcc58bfc
 def pilot_cells(setting:dict)->list:
     "One cell per candidate: (label, spec), the spec holding everything the candidate trains with."
     out = []
     for c in setting["candidates"]:
-        out.append((c["name"], {"task": setting["task"], "task_params": {**setting["task_params"], **c["task_params"]}, "arch": setting["arch"],
+        out.append((c["name"], {"task": setting["task"], "task_params": {**setting["task_params"], **c["task_params"]}, "arch": {**setting["arch"], **c.get("arch", {})},
                                 "train": {**setting["train"], **c["train"]}, "seeds": setting["seeds"], "threshold": setting["threshold"],
                                 "metric": setting["metric"], "candidate": c["name"]}))
     return out
@@ -101,7 +109,7 @@ def pilot_result(setting:dict, outputs:list)->dict:
         ps = o["per_seed"]; n, k = len(ps), sum(p["reached"] for p in ps)
         steps = [p["steps"] if p["steps"] is not None else math.inf for p in ps]
         ood = [p["final_ood"] for p in ps if p["final_ood"] is not None]
-        rows.append({"candidate": c["name"], "task_params": c["task_params"], "train": c["train"], "seeds": n, "reached": k, "share": k / n,
+        rows.append({"candidate": c["name"], "task_params": c["task_params"], "train": c["train"], **({"arch": c["arch"]} if c.get("arch") else {}), "seeds": n, "reached": k, "share": k / n,
                      "median_steps": _finite_or_none(seed_quantiles(steps)[1]), "median_test": seed_quantiles([p["final_test"] for p in ps])[1],
                      "median_ood": seed_quantiles(ood)[1] if ood else None, "usable": lo <= k / n <= hi})
     chosen = next((r["candidate"] for r in rows if r["usable"]), None)
@@ -117,7 +125,7 @@ def pilot_headline(r:dict)->str:
 def pilot_table(r:dict)->pd.DataFrame:
     "The candidates as a table a reader scans: what each changes, seeds reaching the threshold, median steps and accuracies, and the rule's pick."
     t = pd.DataFrame(r["candidates"]).set_index("candidate")
-    t["changes"] = [", ".join(f"{k}={v}" for k, v in {**c["task_params"], **c["train"]}.items()) for c in r["candidates"]]
+    t["changes"] = [", ".join(f"{k}={v}" for k, v in {**c["task_params"], **c.get("arch", {}), **c["train"]}.items()) for c in r["candidates"]]
     t["reached"] = [f"{c['reached']}/{c['seeds']}" for c in r["candidates"]]
     t["picked"] = ["←" if c == r["chosen"] else "" for c in t.index]
     return t[["changes", "reached", "median_steps", "median_test", "median_ood", "usable", "picked"]]
@@ -138,12 +146,12 @@ def pilot_curves_figure(
     return fig
 
 # %% ../nbs/09f_calibration.ipynb #a4bcc3f4
-def _pilot(experiment:str, candidates:Sequence[dict], why:str)->Kind:
-    "Register the pilot of `experiment`: its cpu setting from the candidates; smoke trains the first candidate briefly with two seeds."
+def _pilot(experiment:str, candidates:Sequence[dict], why:str, name:Optional[str]=None)->Kind:
+    "Register the pilot of `experiment` (as `name`, default pilot_<experiment>): its cpu setting from the candidates; smoke trains the first candidate briefly with two seeds."
     cpu = pilot_setting(experiment, candidates)
     first = {**candidates[0], "train": {**candidates[0].get("train", {}), "steps": 40, "eval_every": 20, "warmup": 5, "eval_examples": 64}}
     smoke = pilot_setting(experiment, [first], size="smoke", seeds=PILOT_SEEDS[:2])
-    return register_kind(Kind(f"pilot_{experiment}", f"Pilot: sizing {experiment}", why, task=EXPERIMENTS[experiment].task, chapter="09f_calibration",
+    return register_kind(Kind(name or f"pilot_{experiment}", f"Pilot: sizing {experiment}", why, task=EXPERIMENTS[experiment].task, chapter="09f_calibration",
                               module="spline_transformers.calibration", sizes={"smoke": smoke, "cpu": cpu, "gpu": cpu},
                               cells=pilot_cells, run=pilot_run, summarise=pilot_result, headline=pilot_headline))
 
@@ -163,3 +171,10 @@ PILOT_MODADD = _pilot("modadd", [
     dict(name="steps10000", train=dict(steps=10000)),
     dict(name="frac0.8_steps6000", task_params=dict(train_frac=0.8), train=dict(steps=6000)),
 ], "the budget of modular addition at which the standard transformer groks (90% test accuracy) in half to nine tenths of its seeds")
+_WIDE_INIT = dict(init_std=0.125)   # 1/√d_model at width 64, in place of nanoGPT's 0.02 (chapter 3)
+PILOT_NEEDLE_INIT = _pilot("needle", [
+    dict(name="init0.125_steps600", arch=_WIDE_INIT, train=dict(steps=600)),
+    dict(name="init0.125_steps1000", arch=_WIDE_INIT, train=dict(steps=1000)),
+    dict(name="init0.125_steps2000", arch=_WIDE_INIT, train=dict(steps=2000)),
+], "the budget of needle-in-a-haystack at which the standard transformer, initialised at 1/√d_model, reaches 95% test accuracy in half to nine "
+   "tenths of its seeds", name="pilot_needle_init")

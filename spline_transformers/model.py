@@ -67,6 +67,7 @@ class TransformerConfig:
     attn_init:Union[str,float,Callable]=1.0 # attention spline init (1.0: uniform averaging; "exp": softmax; for "log_spline", "identity": softmax)
     extrapolate:str="constant" # spline values beyond the range: "constant" | "linear"
     pre_qkv_spline:bool=False # a residual spline x + φ(a·x + b) on each block's normalised input before Q, K, V (the released code's attention spline; attn_fn="spline" is the paper's text: a score kernel)
+    init_std:float=0.02 # standard deviation of the weights at initialisation (0.02: nanoGPT's; residual projections get init_std/√(2·n_layers))
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_len"):
@@ -88,6 +89,7 @@ class TransformerConfig:
         self.spline_range = check_number("spline_range", self.spline_range, lo=0.0, lo_open=True)   # knots span [-range, range]
         if self.attn_spline_range is not None:
             self.attn_spline_range = check_number("attn_spline_range", self.attn_spline_range, lo=0.0, lo_open=True)
+        self.init_std = check_number("init_std", self.init_std, lo=0.0, lo_open=True)
         self.mlp_init, self.attn_init = _check_init(self.mlp_init, "mlp_init"), _check_init(self.attn_init, "attn_init")
 
     @property
@@ -104,9 +106,10 @@ class TransformerConfig:
         return self.attn_fn in KERNEL_FNS
 
     def to_dict(self)->dict:
-        "The config as a JSON-able dict (callable inits are written as their name; `pre_qkv_spline` only when on, so older configs keep their hashes)."
+        "The config as a JSON-able dict (callable inits are written as their name; `pre_qkv_spline` only when on and `init_std` only when not 0.02, so older configs keep their hashes)."
         d = asdict(self)
         if not d["pre_qkv_spline"]: del d["pre_qkv_spline"]
+        if d["init_std"] == 0.02: del d["init_std"]
         for k in ("mlp_init", "attn_init"):
             if callable(d[k]): d[k] = getattr(d[k], "__name__", repr(d[k]))
         return d
@@ -657,7 +660,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def _init_weights(self):
-        std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        std = self.cfg.init_std; proj_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"): nn.init.normal_(p, 0.0, proj_std)
             elif p.dim() >= 2: nn.init.normal_(p, 0.0, std)

@@ -278,7 +278,7 @@ register(Experiment(
                       "times √2 for two independent arms"),
     verdicts=(Verdict("learned"), Verdict("learned_best"), Verdict("learned", "control"), Verdict("learned_ours"), Verdict("learned", "learned_ours"))))
 
-# %% ../nbs/09b_registry.ipynb #81323f30
+# %% ../nbs/09b_registry.ipynb #651bb728
 _PAREN_TASK, _PAREN_TRAIN = dict(lengths=(2, 10), ood_lengths=(12, 20)), dict(steps=2000, lr=1e-3)   # the first parentheses' task and Phase II
 _PAREN_MLP = _runs("mlp", 300)
 _PAREN_OURS = _runs("ours", 390, n_models=4, arch=_OURS["arch"], p1=_OURS["p1"], train=(("steps", 800),))   # the first parentheses' Phase I
