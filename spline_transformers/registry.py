@@ -257,9 +257,30 @@ register(Experiment(
     verdicts=(Verdict("log_identity"), Verdict("log_identity_best"), Verdict("log_identity", "log_const"))))
 
 # %% ../nbs/09b_registry.ipynb #4afbdeca
-_MODADD_TASK, _MODADD_TRAIN = dict(p=23, train_frac=0.6), dict(steps=10000, weight_decay=1.0)   # the pilot's choice: 10,000 steps (4/8 grok)
-_MODADD_MLP = _runs("mlp", 300)
-_MODADD_OURS = _runs("ours", 390, n_models=4, arch=_OURS["arch"], p1=_OURS["p1"], train=(("steps", 1000),))   # the first modadd's Phase I
+def _ours_runs(steps:int)->tuple:
+    "Three Phase I runs of our first recipe (41 knots on ±6 from GeLU, spline Adam 10⁻², M = 4) of `steps` steps: an `*_authors` experiment's ablation."
+    return _runs("ours", 390, n_models=4, arch=_OURS["arch"], p1=_OURS["p1"], train=(("steps", steps),))
+
+def _recipe_arms(mlp:tuple, ours:tuple)->tuple:
+    "An `*_authors` experiment's arms: GeLU, the final and the best-on-D_arch splines of the `mlp` runs, those of our recipe (`ours`), and GeLU on the authors' grid, frozen."
+    return (Arm("standard"), Arm("learned", _all(mlp)), Arm("learned_best", _all(mlp), splines="best"),
+            Arm("learned_ours", _all(ours)), Arm("control", "init", arch=(("mlp_init", "gelu"),)))
+
+_RECIPE_VERDICTS = (Verdict("learned"), Verdict("learned_best"), Verdict("learned", "control"), Verdict("learned_ours"), Verdict("learned", "learned_ours"))
+
+def _recipe_setting(
+    task_params:dict, # the task, as the experiment measures it
+    train:dict, # Phase II's training changes, and Phase I's: the authors' Phase I is as long as Phase II
+    ours_steps:int, # the Phase I steps of our recipe's runs (the first experiment's)
+    n_seeds:int, # paired Phase II seeds, 0 … n_seeds − 1
+    arch:dict=_AUTHORS_ARCH, # the architecture of every arm and Phase I model
+    **kw, # further `cpu_setting` arguments (a threshold)
+):
+    "The cpu setting of an `*_authors` experiment: three Phase I runs of M = 8 under the authors' recipe, three of ours, `_recipe_arms`."
+    mlp, ours = _runs("mlp", 300), _ours_runs(ours_steps)
+    return cpu_setting(task_params, arms=_recipe_arms(mlp, ours), phase1_runs=mlp + ours, arch=arch, p1=_AUTHORS_P1,
+                       train=train, phase1_train=train, seeds=tuple(range(n_seeds)), **kw)
+
 
 register(Experiment(
     "modadd_authors", "Modular addition under the authors' recipe", task="modadd", chapter="12_more_tasks",
@@ -267,62 +288,37 @@ register(Experiment(
           "in Phase I under the authors' recipe make a fresh transformer generalise (a + b) mod 23 faster; our earlier recipe is measured beside it.",
     paper="Modular addition: in the predecessor's lineage, ~10× faster convergence with learned activations in MLPs; "
           "uncertain whether this paper reports it (spec §4).", paper_value=10.0,
-    sizes=_sizes(cpu_setting(
-        _MODADD_TASK,
-        arms=(Arm("standard"), Arm("learned", _all(_MODADD_MLP)), Arm("learned_best", _all(_MODADD_MLP), splines="best"),
-              Arm("learned_ours", _all(_MODADD_OURS)), Arm("control", "init", arch=(("mlp_init", "gelu"),))),
-        phase1_runs=_MODADD_MLP + _MODADD_OURS, arch=_AUTHORS_ARCH, p1=_AUTHORS_P1,
-        train=_MODADD_TRAIN, phase1_train=_MODADD_TRAIN, seeds=tuple(range(15)), threshold=0.9),
+    sizes=_sizes(_recipe_setting(dict(p=23, train_frac=0.6), dict(steps=10000, weight_decay=1.0), ours_steps=1000, n_seeds=15, threshold=0.9),   # the pilot's 10,000 steps
         gpu_task_params=dict(p=97, train_frac=0.5)),
     power=Power(0.86, "results/pilot_modadd at e217af7: standard seeds at 10,000 steps, sd of log steps 0.61 (never-reached at the budget), "
                       "times √2 for two independent arms"),
-    verdicts=(Verdict("learned"), Verdict("learned_best"), Verdict("learned", "control"), Verdict("learned_ours"), Verdict("learned", "learned_ours"))))
+    verdicts=_RECIPE_VERDICTS))
 
 # %% ../nbs/09b_registry.ipynb #651bb728
-_PAREN_TASK, _PAREN_TRAIN = dict(lengths=(2, 10), ood_lengths=(12, 20)), dict(steps=2000, lr=1e-3)   # the first parentheses' task and Phase II
-_PAREN_MLP = _runs("mlp", 300)
-_PAREN_OURS = _runs("ours", 390, n_models=4, arch=_OURS["arch"], p1=_OURS["p1"], train=(("steps", 800),))   # the first parentheses' Phase I
-
 register(Experiment(
     "parentheses_authors", "Parentheses under the authors' recipe", task="parentheses", chapter="12_more_tasks",
     claim="Splines learned in Phase I under the authors' recipe (64 knots on [−15, 15], constant start 0.01, spline Adam at 0.1, M = 8, "
           "Phase I as long as Phase II) make a fresh transformer learn to recognise balanced Dyck-2 strings (lengths 2–10) faster, and "
           "generalise better to lengths 12–20; our earlier recipe is measured beside it.",
     paper="Parentheses: named among the tasks where standard transformers struggle; no number given (spec §4).",
-    sizes=_sizes(cpu_setting(
-        _PAREN_TASK,
-        arms=(Arm("standard"), Arm("learned", _all(_PAREN_MLP)), Arm("learned_best", _all(_PAREN_MLP), splines="best"),
-              Arm("learned_ours", _all(_PAREN_OURS)), Arm("control", "init", arch=(("mlp_init", "gelu"),))),
-        phase1_runs=_PAREN_MLP + _PAREN_OURS, arch=_AUTHORS_ARCH, p1=_AUTHORS_P1,
-        train=_PAREN_TRAIN, phase1_train=_PAREN_TRAIN, seeds=tuple(range(13))),
+    sizes=_sizes(_recipe_setting(dict(lengths=(2, 10), ood_lengths=(12, 20)), dict(steps=2000, lr=1e-3), ours_steps=800, n_seeds=13),   # the first parentheses' task and budget
         gpu_task_params=dict(lengths=(2, 20), ood_lengths=(22, 40))),
     power=Power(0.784, "results/parentheses at 5557cc3: learned vs standard, log ratios of restricted steps, 5 seeds"),
-    verdicts=(Verdict("learned"), Verdict("learned_best"), Verdict("learned", "control"), Verdict("learned_ours"),
-              Verdict("learned", "learned_ours"), Verdict("learned", statistic="final_ood", above=0.0))))
+    verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_ood", above=0.0),)))
 
 # %% ../nbs/09b_registry.ipynb #1f982dba
-_NEEDLE_ARCH = {**_AUTHORS_ARCH, "init_std": 0.125}   # the pilot's scale: 1/√d_model at width 64 (chapter 9f)
-_NEEDLE_TRAIN = dict(steps=1000, lr=1e-3)            # the pilot's budget: 4 of 8 standard seeds at 95%
-_NEEDLE_MLP = _runs("mlp", 300)
-_NEEDLE_OURS = _runs("ours", 390, n_models=4, arch=_OURS["arch"], p1=_OURS["p1"], train=(("steps", 800),))   # the first needle's Phase I
-
 register(Experiment(
     "needle_authors", "Needle at the pilot's scale, under the authors' recipe", task="needle", chapter="12_more_tasks",
     claim="With the weights initialised at 1/√d_model and a budget in which the standard transformer recalls in about half its seeds (1,000 steps), "
           "splines learned in Phase I under the authors' recipe make a fresh transformer learn to recall the value of a queried key among 2–4 pairs "
           "faster and better; our earlier recipe is measured beside it.",
     paper="Needle-in-a-haystack: named among the tasks where standard transformers struggle; no number given (spec §4).",
-    sizes=_sizes(cpu_setting(
-        dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16),   # the first needle's task
-        arms=(Arm("standard"), Arm("learned", _all(_NEEDLE_MLP)), Arm("learned_best", _all(_NEEDLE_MLP), splines="best"),
-              Arm("learned_ours", _all(_NEEDLE_OURS)), Arm("control", "init", arch=(("mlp_init", "gelu"),))),
-        phase1_runs=_NEEDLE_MLP + _NEEDLE_OURS, arch=_NEEDLE_ARCH, p1=_AUTHORS_P1,
-        train=_NEEDLE_TRAIN, phase1_train=_NEEDLE_TRAIN, seeds=tuple(range(10))),
+    sizes=_sizes(_recipe_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), dict(steps=1000, lr=1e-3), ours_steps=800, n_seeds=10,
+                                 arch={**_AUTHORS_ARCH, "init_std": 0.125}),   # the first needle's task; the pilot's scale (1/√d at width 64) and budget
         gpu_task_params=dict(n_pairs=(4, 16), ood_pairs=(17, 64), n_keys=64, n_values=64)),
     power=Power(0.35, "results/pilot_needle_init at 146c16a: standard seeds at 1,000 steps, sd of log steps 0.25 (never-reached at the budget), "
                       "times √2 for two independent arms"),
-    verdicts=(Verdict("learned"), Verdict("learned_best"), Verdict("learned", "control"), Verdict("learned_ours"),
-              Verdict("learned", "learned_ours"), Verdict("learned", statistic="final_test", above=0.0))))
+    verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_test", above=0.0),)))
 
 # %% ../nbs/09b_registry.ipynb #212b8167
 def _lm_gain(arm:str, reference:str)->Verdict:
