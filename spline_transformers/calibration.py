@@ -34,12 +34,6 @@ PILOT_SEEDS = tuple(range(2000, 2008))  # the seeds of every pilot: apart from e
 PILOT_SHARE = (0.5, 0.9)  # the rule: a candidate is usable when this share of its seeds (inclusive) reaches the threshold
 MACHINE_FIELDS = ("device", "progress", "checkpoint_dir", "checkpoint_every", "keep_checkpoints")  # TrainConfig fields a pilot leaves to the machine
 
-_CANDIDATE_KEYS = ("name", "task_params", "train", "arch")
-
-def _candidate(c:dict)->dict:
-    "A candidate as plain data (its `arch` key only when it changes the architecture, so pilots registered before it keep their hashes)."
-    return {"name": c["name"], "task_params": dict(c.get("task_params", {})), "train": dict(c.get("train", {})), **({"arch": dict(c["arch"])} if c.get("arch") else {})}
-
 def pilot_setting(
     experiment:str, # the registered experiment whose task and standard arm the pilot sizes
     candidates:Sequence[dict], # cheapest first: each {"name": str, "task_params": {changes}, "train": {changes}, "arch": {changes}} (arch optional)
@@ -68,6 +62,12 @@ def pilot_setting(
     return {"experiment": experiment, "task": e.task, "task_params": dict(s.task_params), "arch": standard_arch(s.arch).to_dict(),
             "train": train, "threshold": s.threshold, "metric": s.metric, "seeds": [int(x) for x in seeds],
             "share": [float(lo), float(hi)], "candidates": [_candidate(c) for c in candidates]}
+
+_CANDIDATE_KEYS = ("name", "task_params", "train", "arch")
+
+def _candidate(c:dict)->dict:
+    "A candidate as plain data (its `arch` key only when it changes the architecture, so pilots registered before it keep their hashes)."
+    return {"name": c["name"], "task_params": dict(c.get("task_params", {})), "train": dict(c.get("train", {})), **({"arch": dict(c["arch"])} if c.get("arch") else {})}
 
 # %% ../nbs/09f_calibration.ipynb #dcc58bfc
 def pilot_cells(setting:dict)->list:

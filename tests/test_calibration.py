@@ -36,5 +36,8 @@ def test_a_pilot_refuses_seeds_the_experiment_uses_and_unknown_fields():
     with pytest.raises(ValueError, match="pilot seeds must differ"): pilot_setting("mano", [dict(name="a")], seeds=(0, 2001))
     with pytest.raises(ValueError, match="pilot seeds must differ"): pilot_setting("mano", [dict(name="a")], seeds=(first_phase1,))
     with pytest.raises(ValueError, match="distinct names"): pilot_setting("mano", [dict(name="a"), dict(name="a")])
-    with pytest.raises(ValueError, match="unknown keys"): pilot_setting("mano", [dict(name="a", arch={})])
+    with pytest.raises(ValueError, match="unknown keys"): pilot_setting("mano", [dict(name="a", model={})])
+    with pytest.raises(ValueError, match="not architecture fields"): pilot_setting("mano", [dict(name="a", arch=dict(d_modle=128))])
+    with pytest.raises(ValueError, match="not architecture fields"): pilot_setting("mano", [dict(name="a", arch=dict(attn_fn="spline"))])   # the standard arm stays standard
+    assert pilot_setting("mano", [dict(name="a", arch=dict(d_model=128))])["candidates"][0]["arch"] == dict(d_model=128)
     with pytest.raises(ValueError, match="share must be"): pilot_setting("mano", [dict(name="a")], share=(0.9, 0.5))
