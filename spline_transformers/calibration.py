@@ -7,7 +7,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/calibration.html
 # %% ../nbs/09f_calibration.ipynb #bd8cd7fd
 from __future__ import annotations
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -15,9 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 # %% auto #0
-__all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD', 'PILOT_NEEDLE_INIT',
-           'pilot_setting', 'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result', 'pilot_headline', 'pilot_table',
-           'pilot_curves_figure']
+__all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'FIXED_ARCH', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD',
+           'PILOT_NEEDLE_INIT', 'pilot_setting', 'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result',
+           'pilot_headline', 'pilot_table', 'pilot_curves_figure']
 
 # %% ../nbs/09f_calibration.ipynb #1c89eed7
 from .core import check_option
@@ -33,6 +33,7 @@ from . import registry  # the book's experiments, whose standard arms the pilots
 PILOT_SEEDS = tuple(range(2000, 2008))  # the seeds of every pilot: apart from every Phase II (0–9), Phase I (100–413) and audit (+1000) seed
 PILOT_SHARE = (0.5, 0.9)  # the rule: a candidate is usable when this share of its seeds (inclusive) reaches the threshold
 MACHINE_FIELDS = ("device", "progress", "checkpoint_dir", "checkpoint_every", "keep_checkpoints")  # TrainConfig fields a pilot leaves to the machine
+FIXED_ARCH = ("mlp_act", "attn_fn", "vocab_size", "max_len")  # TransformerConfig fields no candidate changes: the standard arm's nonlinearities, the task's vocabulary and length
 
 def pilot_setting(
     experiment:str, # the registered experiment whose task and standard arm the pilot sizes
@@ -49,12 +50,12 @@ def pilot_setting(
     names = [c.get("name") for c in candidates]
     if len(set(names)) < len(names) or not all(isinstance(n, str) and n for n in names): raise ValueError(f"candidates need distinct names, got {names}")
     train = {k: v for k, v in s.train.to_dict().items() if k not in MACHINE_FIELDS}
-    arch = standard_arch(s.arch).to_dict() | {"init_std": s.arch.init_std}   # every field a candidate may name
+    arch = {f.name for f in fields(TransformerConfig)} - set(FIXED_ARCH)   # the fields a candidate may change
     for c in candidates:
         if set(c) - set(_CANDIDATE_KEYS): raise ValueError(f"candidate {c['name']!r}: unknown keys {sorted(set(c) - set(_CANDIDATE_KEYS))}")
         bad = set(c.get("train", {})) - set(train)
         if bad: raise ValueError(f"candidate {c['name']!r}: {sorted(bad)} are not TrainConfig fields")
-        bad = set(c.get("arch", {})) - set(arch) | set(c.get("arch", {})) & {"mlp_act", "attn_fn", "vocab_size", "max_len"}
+        bad = set(c.get("arch", {})) - arch
         if bad: raise ValueError(f"candidate {c['name']!r}: {sorted(bad)} are not architecture fields a pilot may change (the standard arm's nonlinearities and the task's vocabulary stay)")
     lo, hi = share
     if not 0 <= lo <= hi <= 1: raise ValueError(f"share must be (low, high) with 0 <= low <= high <= 1, got {share}")
@@ -109,7 +110,7 @@ def pilot_result(setting:dict, outputs:list)->dict:
         ps = o["per_seed"]; n, k = len(ps), sum(p["reached"] for p in ps)
         steps = [p["steps"] if p["steps"] is not None else math.inf for p in ps]
         ood = [p["final_ood"] for p in ps if p["final_ood"] is not None]
-        rows.append({"candidate": c["name"], "task_params": c["task_params"], "train": c["train"], **({"arch": c["arch"]} if c.get("arch") else {}), "seeds": n, "reached": k, "share": k / n,
+        rows.append({"candidate": c["name"], **{k: v for k, v in c.items() if k != "name"}, "seeds": n, "reached": k, "share": k / n,
                      "median_steps": _finite_or_none(seed_quantiles(steps)[1]), "median_test": seed_quantiles([p["final_test"] for p in ps])[1],
                      "median_ood": seed_quantiles(ood)[1] if ood else None, "usable": lo <= k / n <= hi})
     chosen = next((r["candidate"] for r in rows if r["usable"]), None)
