@@ -62,7 +62,7 @@ def build_parser()->argparse.ArgumentParser:
                                    "small transformer as a spline on the 'add' task (M models sharing it); Phase II trains fresh models with it "
                                    "frozen against the standard transformer (GeLU, softmax) over paired seeds. Prints steps to 95% test "
                                    "sequence accuracy per seed and the verdict by the registered rule (a paired t interval of the speed-up); "
-                                   "writes report.html and the result (demo/: summary.json, metrics.csv, splines/, provenance.json). "
+                                   "writes report.html and the result (demo/: summary.json, metrics.csv.gz, splines/, provenance.json). "
                                    "About 3 minutes on 2 CPU cores; --device cuda runs the spec's larger sizes. Its cells are kept under "
                                    "OUT/.cells: a second run reuses them, and a killed one continues with --resume.")
     d.add_argument("--out", default=None, help="results folder (default: spline_demo, or spline_demo_quick with --quick)")
@@ -129,7 +129,7 @@ def build_parser()->argparse.ArgumentParser:
                        description="Runs registered experiments (chapter 9): each is split into cells (a Phase I run, one Phase II arm and "
                                    "seed, one transfer cell) that run --jobs at a time in one-thread processes. Writes per experiment "
                                    "summary.json (claim, paper's number, per-seed table, verdict by the rule fixed before the run), "
-                                   "metrics.csv, the learned splines and provenance.json. A killed run continues with --resume; a result of another "
+                                   "metrics.csv.gz, the learned splines and provenance.json. A killed run continues with --resume; a result of another "
                                    "size or configuration is never replaced without --overwrite. "
                                    "`reproduce --list` shows the experiments.",
                        epilog="examples:\n  spline-transformers reproduce --list\n  spline-transformers reproduce add --size smoke   # into runs/smoke/\n"

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/experiments.html
 
 # %% ../nbs/09_experiments.ipynb #f3a57cf3
 from __future__ import annotations
-import json
+import gzip, json, zlib
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -14,8 +14,8 @@ from typing import Callable, Optional, Sequence, Union
 # %% auto #0
 __all__ = ['SIZES', 'EXPERIMENTS', 'CONTRASTS', 'REGISTRATIONS', 'Experiment', 'Phase1Run', 'Arm', 'Setting', 'Cell', 'cells',
            'transfer_source', 'transfer_matrix_cells', 'file_transfer_cells', 'register', 'get_experiment', 'read_json',
-           'read_table', 'register_contrast', 'contrast_hash', 'registrations', 'registered_hash', 'registration',
-           'check_registered', 'register_results']
+           'read_table', 'table_file', 'write_table', 'register_contrast', 'contrast_hash', 'registrations',
+           'registered_hash', 'registration', 'check_registered', 'register_results']
 
 # %% ../nbs/09_experiments.ipynb #0e11949a
 import pandas as pd
@@ -298,10 +298,22 @@ def read_json(path:Path, what:str="file"):
     except json.JSONDecodeError as e: raise ValueError(f"{path}: this {what} is not valid JSON ({e.msg} at line {e.lineno}); it is damaged or truncated") from None
 
 def read_table(path:Path)->pd.DataFrame:
-    "The table in `path`, or a one-line `ValueError` that names the file."
+    "The table in `path` (CSV, or gzip-compressed CSV if it ends in .gz; `x.csv` reads `x.csv.gz` where only that exists), or a one-line `ValueError` that names the file."
+    path = Path(path)
+    if not path.exists() and path.suffix == ".csv" and path.with_name(path.name + ".gz").is_file(): path = path.with_name(path.name + ".gz")
     try: return pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError, gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise ValueError(f"{path}: cannot be read as a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged or empty") from None
+
+def table_file(folder:Path, name:str)->Optional[Path]:
+    "The file holding table `name` (for example `metrics`) in a result folder: `name.csv.gz`, else `name.csv`; None if neither exists."
+    return next((f for f in (Path(folder) / f"{name}.csv.gz", Path(folder) / f"{name}.csv") if f.is_file()), None)
+
+def write_table(df:pd.DataFrame, path:Path)->Path:
+    "Write `df` (without its index) atomically to `path`: gzip-compressed CSV with no time stamp if `path` ends in .gz (the same table, the same bytes), else CSV."
+    text = df.to_csv(index=False).encode("utf-8")
+    return atomic_write(path, gzip.compress(text, compresslevel=9, mtime=0) if str(path).endswith(".gz") else text)
+
 
 # %% ../nbs/09_experiments.ipynb #79227318
 CONTRASTS:dict = {}  # name -> Contrast, in the order of the book

@@ -197,7 +197,7 @@ def experiment_report(
         m = result["metrics"]
         if ((m.split == split) & (m.metric == s["metric"])).any(): rep.figure(curves_figure(result, s["metric"], split))
     if s["phase1"]: rep.heading("The learned nonlinearities").figure(learned_splines_figure(result))
-    rep.text(f"Files: {Path(result['folder']).name}/summary.json (verdicts, per-seed table), metrics.csv (the curves), splines/ (the learned "
+    rep.text(f"Files: {Path(result['folder']).name}/summary.json (verdicts, per-seed table), metrics.csv.gz (the curves), splines/ (the learned "
              "splines as .safetensors + .json), provenance.json; the cells' own files are under .cells/.", cls="muted")
     return rep.save(path)
 

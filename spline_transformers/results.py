@@ -25,7 +25,7 @@ import torch
 # %% ../nbs/09d_results.ipynb #34c2a63c
 from .core import atomic_write, check_option
 from .model import Nonlinearities, PEER_ZOO, zoo_dir, load_peer
-from .experiments import EXPERIMENTS, CONTRASTS, cells, read_json, read_table
+from .experiments import EXPERIMENTS, CONTRASTS, cells, read_json, read_table, table_file
 from .runner import KINDS, kind_named, work_cells
 from .stats import per_seed, decide_contrast
 from .experiments import registration
@@ -44,7 +44,7 @@ def load_result(
     r = {"summary": read_json(folder / "summary.json", "summary"), "provenance": read_json(folder / "provenance.json", "provenance"),
          "folder": folder}
     for t in ("metrics", "phase1_metrics", "by_size"):
-        if (folder / f"{t}.csv").is_file(): r[t] = read_table(folder / f"{t}.csv")
+        if table_file(folder, t): r[t] = read_table(table_file(folder, t))
     if (folder / "probes.json").is_file(): r["probes"] = read_json(folder / "probes.json", "probes")
     r["stale"] = _staleness(r["summary"], root)
     if r["stale"]: warnings.warn(r["stale"], StaleResult, stacklevel=2)

@@ -35,7 +35,7 @@ from .corpora import load_corpus
 from .train import TrainConfig
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
                                            check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
-from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, get_experiment,
+from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, write_table, get_experiment,
                                              file_transfer_cells, check_registered)
 from .stats import per_seed, arm_table, decide, decide_diagonal, statistic_source
 from . import registry  # the book's experiments, registered on import
@@ -464,7 +464,7 @@ def summarise(
     jobs:int=1, # processes the run used (for the provenance)
     command:Optional[str]=None, # the command line (for the provenance)
 )->dict:
-    "Write `<out>/<name>/` (summary.json, metrics.csv, phase1_metrics.csv, by_size.csv, splines/, provenance.json) from the done cells."
+    "Write `<out>/<name>/` (summary.json, metrics.csv.gz, phase1_metrics.csv.gz, by_size.csv.gz, splines/, provenance.json) from the done cells."
     if isinstance(exp, Kind): return summarise_kind(exp, size, out, jobs, command)
     if exp.targets: return summarise_transfer(exp, size, out, jobs, command)
     out = Path(out); root, folder = out / ".cells", out / exp.name
@@ -507,9 +507,9 @@ def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jo
     summary = {"experiment": exp.name, "title": exp.title, "claim": exp.claim, "paper": exp.paper, "paper_value": exp.paper_value,
                "task": exp.task, "size": size, **_decisions(exp, size, metrics), "threshold": s.threshold, "metric": s.metric,
                "phase1": phase1_info, "chapter": exp.chapter, "cells_hash": cells_hash(cs)}
-    atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
-    if p1_metrics: atomic_write(folder / "phase1_metrics.csv", pd.concat(p1_metrics, ignore_index=True).round({"value": 5}).to_csv(index=False))
-    if by: atomic_write(folder / "by_size.csv", pd.concat(by, ignore_index=True).round(5).to_csv(index=False))
+    write_table(metrics, folder / "metrics.csv.gz")
+    if p1_metrics: write_table(pd.concat(p1_metrics, ignore_index=True).round({"value": 5}), folder / "phase1_metrics.csv.gz")
+    if by: write_table(pd.concat(by, ignore_index=True).round(5), folder / "by_size.csv.gz")
     if probes: atomic_write(folder / "probes.json", json.dumps(_finite(probes)))
     info = [read_json(root / c.key / "done.json", "done.json") for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
@@ -518,7 +518,7 @@ def _write_summary(exp:Experiment, size:str, root:Path, folder:Path, cs:list, jo
 
 # %% ../nbs/09c_runner.ipynb #9d4c005c
 def summarise_transfer(exp:Experiment, size:str, out:Union[str,Path], jobs:int=1, command:Optional[str]=None)->dict:
-    "Write a transfer matrix's folder: summary.json (matrices, per-seed table, diagonal verdict), metrics.csv, provenance.json."
+    "Write a transfer matrix's folder: summary.json (matrices, per-seed table, diagonal verdict), metrics.csv.gz, provenance.json."
     out = Path(out); root, folder = out / ".cells", out / exp.name
     cs = cells(exp, size)
     check_done(exp.name, cs, root, size)
@@ -544,7 +544,7 @@ def _write_transfer_summary(exp:Experiment, size:str, root:Path, folder:Path, cs
     metrics = pd.concat(metrics, ignore_index=True).round({"value": 5})
     summary = {"experiment": exp.name, "title": exp.title, "claim": exp.claim, "paper": exp.paper, "paper_value": exp.paper_value,
                "task": "transfer", "size": size, **_transfer_decisions(exp, size, metrics), "chapter": exp.chapter, "cells_hash": cells_hash(cs)}
-    atomic_write(folder / "metrics.csv", metrics.to_csv(index=False))
+    write_table(metrics, folder / "metrics.csv.gz")
     info = [read_json(root / c.key / "done.json", "done.json") for c in cs]
     atomic_write(folder / "provenance.json", json.dumps(_finite(provenance(exp, size, info, jobs, command)), indent=2))
     atomic_write(folder / "summary.json", json.dumps(_finite(summary), indent=2))

@@ -315,7 +315,7 @@ def quick_demo(demo_run):
 def test_demo_quick_writes_the_files(quick_demo):
     "The demo is the registered experiment 'demo' at smoke size: the runner's result folder, its cells, and the report beside them."
     out, stdout = quick_demo
-    for f in ("report.html", "demo/summary.json", "demo/metrics.csv", "demo/phase1_metrics.csv", "demo/provenance.json",
+    for f in ("report.html", "demo/summary.json", "demo/metrics.csv.gz", "demo/phase1_metrics.csv.gz", "demo/provenance.json",
               "demo/splines/mlp_r0.safetensors", "demo/splines/mlp_r0.json"):
         assert (out / f).is_file(), f
     assert len(list((out / ".cells").glob("*/done.json"))) == len(cells(EXPERIMENTS["demo"], "smoke")) == 7
@@ -325,7 +325,7 @@ def test_demo_quick_writes_the_files(quick_demo):
     from spline_transformers.splines import spline_backend
     kernel = spline_backend("cpu").name                 # the header and the report say which spline kernel ran
     assert f"spline kernel: {kernel}, " in stdout and f"Spline kernel: {kernel}, " in (out / "report.html").read_text()
-    m = pd.read_csv(out / "demo" / "metrics.csv")
+    m = pd.read_csv(out / "demo" / "metrics.csv.gz")
     assert list(m.columns) == ["step", "model", "seed", "split", "metric", "value"]
     assert set(m.model) == {"learned", "standard"} and set(m.seed) == {0, 1, 2}
     assert {"test", "ood"} <= set(m.split) and "seq_acc" in set(m.metric)

@@ -10,7 +10,7 @@ import pytest
 from spline_transformers import runner as ex
 from spline_transformers.cli import main
 from spline_transformers.core import FolderLock
-from spline_transformers.experiments import EXPERIMENTS, cells
+from spline_transformers.experiments import EXPERIMENTS, cells, write_table
 from spline_transformers.runner import cell_problem, reproduce
 from spline_transformers.results import load_result, findings_table, StaleResult
 
@@ -347,7 +347,7 @@ def test_redecide_decides_a_committed_result_again_and_refuses_other_cells(tmp_p
     (tmp_path / "add" / "summary.json").write_text(json.dumps(s))
     with pytest.raises(ValueError, match="other cells"): redecide("add", tmp_path)
     s["cells_hash"] = before["cells_hash"]; (tmp_path / "add" / "summary.json").write_text(json.dumps(s))
-    m = pd.read_csv(tmp_path / "add" / "metrics.csv"); m[m.seed != 9].to_csv(tmp_path / "add" / "metrics.csv", index=False)
+    m = pd.read_csv(tmp_path / "add" / "metrics.csv.gz"); write_table(m[m.seed != 9], tmp_path / "add" / "metrics.csv.gz")
     with pytest.raises(ValueError, match="arms and seeds"): redecide("add", tmp_path)
 
 
