@@ -320,7 +320,7 @@ register(Experiment(
                       "times √2 for two independent arms"),
     verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_test", above=0.0),)))
 
-# %% ../nbs/09b_registry.ipynb #104e324b
+# %% ../nbs/09b_registry.ipynb #02ebdcf6
 register(Experiment(
     "needle_authors_2000", "Needle at twice the budget, under the authors' recipe", task="needle", chapter="12_more_tasks",
     claim="With the weights initialised at 1/√d_model and a budget in which the standard transformer recalls in most of its pilot seeds (2,000 steps), "
