@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 
 # %% auto #0
 __all__ = ['PILOT_SEEDS', 'PILOT_SHARE', 'MACHINE_FIELDS', 'FIXED_ARCH', 'PILOT_MANO', 'PILOT_NEEDLE', 'PILOT_MODADD',
-           'PILOT_NEEDLE_INIT', 'pilot_setting', 'pilot_cells', 'pilot_run', 'pilot_rule', 'pilot_result',
-           'pilot_headline', 'pilot_table', 'pilot_curves_figure']
+           'PILOT_NEEDLE_INIT', 'PILOT_MANO_INIT', 'pilot_setting', 'pilot_cells', 'pilot_run', 'pilot_rule',
+           'pilot_result', 'pilot_headline', 'pilot_table', 'pilot_curves_figure']
 
 # %% ../nbs/09f_calibration.ipynb #1c89eed7
 from .core import check_option
@@ -179,3 +179,10 @@ PILOT_NEEDLE_INIT = _pilot("needle", [
     dict(name="init0.125_steps2000", arch=_WIDE_INIT, train=dict(steps=2000)),
 ], "the budget of needle-in-a-haystack at which the standard transformer, initialised at 1/√d_model, reaches 95% test accuracy in half to nine "
    "tenths of its seeds", name="pilot_needle_init")
+PILOT_MANO_INIT = _pilot("mano", [
+    dict(name="init0.125_steps3000", arch=_WIDE_INIT),
+    dict(name="init0.125_wd1_steps6000", arch=_WIDE_INIT, train=dict(steps=6000, weight_decay=1.0)),
+    dict(name="init0.125_wd1_steps10000", arch=_WIDE_INIT, train=dict(steps=10000, weight_decay=1.0)),
+], "the budget of MANO (mod 5, at most 2 operations) at which the standard transformer, initialised at 1/√d_model, reaches 95% test accuracy "
+   "in half to nine tenths of its seeds", name="pilot_mano_init")
+
