@@ -64,6 +64,7 @@ def test_no_command_is_a_usage_error(capsys):
     assert code == 2 and "COMMAND" in err
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli():
     p = subprocess.run([sys.executable, "-m", "spline_transformers.cli", "interpolate", "--help"], capture_output=True, text=True,
                        env=ENV, timeout=300)
@@ -117,6 +118,7 @@ def test_unknown_names_list_the_valid_ones(argv, valid, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_reproduce_list_shows_contrasts_and_register_takes_their_names(capsys):
     code, out, err = run(["reproduce", "--list"], capsys)
     assert code == 0, err
@@ -465,6 +467,7 @@ BAD_OUTS = {"a file": lambda t: (t / "afile.txt", "file"),
             "unwritable": lambda t: (Path("/proc/1/no_such_folder/out"), "writ")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["demo", "phase1", "phase2", "transfer", "prepare"])
 @pytest.mark.parametrize("kind", list(BAD_OUTS))
 def test_out_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
@@ -477,6 +480,7 @@ def test_out_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work
     assert "--out" in err and str(path) in err and word in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["phase1", "phase2", "transfer"])
 @pytest.mark.parametrize("kind", list(BAD_OUTS))
 def test_checkpoint_dir_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
@@ -536,6 +540,7 @@ def test_task_param_bool_on_the_command_line(capsys, no_work):
     (["demo", "--quick", "--steps", "0"], ["--steps"]),
     (["phase1", *TASK, *TINY_TRAIN, "--resume"], ["--resume", "--checkpoint-dir"]),
 ])
+@pytest.mark.slow
 def test_numbers_out_of_range_are_errors(argv, words, phase1_dir, tmp_path, no_work, capsys):
     (tmp_path / "doc.txt").write_text("a small document\n")
     argv = [str(a).replace("{tmp}", str(tmp_path)).replace("{p1}", str(phase1_dir)) for a in argv]
@@ -629,6 +634,7 @@ def _ragged(X=((0.1, 0.2), (0.3, 0.4), (0.5, 0.6)), X_lengths=(2, 1), Y=((1.0, 1
     ("negative_lengths.npz", _ragged(X_lengths=np.array([4, -1])), "X_lengths"),
     ("lengths_2d.npz", _ragged(X_lengths=np.array([[2, 1]])), "X_lengths"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+@pytest.mark.slow
 def test_interpolate_refuses_values_that_are_not_finite_reals(name, content, match, tmp_path, monkeypatch, capsys):
     import spline_transformers.interpolation as interp
     monkeypatch.setattr(interp, "build_interpolator", lambda *a, **k: pytest.fail("built from a file that should be refused"))

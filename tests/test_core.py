@@ -78,6 +78,7 @@ RSS_AFTER_FREE = """
 """
 
 
+@pytest.mark.slow
 def test_importing_the_package_sets_up_the_process():
     "Importing the package makes OpenMP threads yield and keeps freed activations in the heap; SPLINE_TRANSFORMERS_PROCESS=default opts out."
     policy, tuned, rss_tuned = _in_fresh_process(RSS_AFTER_FREE).split()
@@ -281,6 +282,7 @@ def test_child_process_mechanics(tmp_path):
     with pytest.raises(ValueError, match="threads"): ChildProcess("time:sleep", threads=0)
 
 
+@pytest.mark.slow
 def test_a_warm_child_is_a_fresh_child_without_the_imports(tmp_path, monkeypatch):
     """Forked from the warm starter or started as a fresh interpreter, a child has the environment it was given and a runner's cell
     trains to the same bits; only the warm one is not this process's own child (the starter forked it)."""

@@ -145,6 +145,7 @@ def test_decide_says_one_of_four_verdicts():
     with pytest.raises(ValueError, match="arms"): decide(Verdict("missing"), seeds)
 
 
+@pytest.mark.slow
 def test_changing_one_line_of_the_statistic_makes_every_result_stale(tmp_path):
     "The config hash covers the statistic's source: a copy of the package with one line of `decide` edited finds every committed result stale."
     import shutil, subprocess, sys

@@ -130,6 +130,7 @@ def test_size_independent_of_input_lengths(attention):
 # ---------------------------------------------------------------------------------------------------------------
 # exactness on many datasets
 
+@pytest.mark.slow
 @pytest.mark.parametrize("N", [1, 2, 5, 10, 30])
 @pytest.mark.parametrize("d", [2, 3, 5, 16, 64])
 def test_exact_random_datasets(N, d):
@@ -230,6 +231,7 @@ def _low_dim_dataset(kind, d, seed):
     return X, [rng.standard_normal((int(rng.integers(1, len(x) + 1)), d)) for x in X]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("kind", ["shared", "random", "collinear", "lattice", "near"])
 def test_low_dimension(kind, d):
@@ -849,6 +851,7 @@ def test_register_kind_refuses_what_would_confuse_the_runner():
     assert register_kind(replace(TIKHONOV)) is KINDS["tikhonov"] and "t2" not in KINDS and "t3" not in KINDS
 
 
+@pytest.mark.slow
 def test_sweeps_run_through_reproduce_at_smoke_size_and_resume(tmp_path, capsys):
     "`spline-transformers reproduce tikhonov interp_training --size smoke` runs both sweeps' cells in one-thread processes and writes each result with its provenance; --list shows them; a killed run resumes its unfinished cell only; a changed setting makes the result stale."
     from spline_transformers.cli import main
@@ -916,6 +919,7 @@ print(hwm() - base, I.build_memory_estimate(X, Y, attention))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="measures resident memory through /proc")
 @pytest.mark.parametrize("N, attention", [(100, "hardmax"), (200, "hardmax")])
 def test_build_memory_estimate_is_within_a_factor_two_of_the_measured_peak(N, attention):

@@ -141,7 +141,7 @@ def test_a_killed_summary_leaves_the_old_result_or_the_new(done_run, tmp_path):
     s = json.loads((out / NAME / "summary.json").read_text()); s["size"] = "cpu"; s["verdict"] = "old"
     (out / NAME / "summary.json").write_text(json.dumps(s, indent=2))
     (out / NAME / "provenance.json").write_text(json.dumps({"size": "cpu"}))
-    (out / NAME / "metrics.csv").write_text("step,model,seed,split,metric,value\n")   # an unmistakably different old result
+    write_table(pd.DataFrame(columns=["step", "model", "seed", "split", "metric", "value"]), out / NAME / "metrics.csv.gz")   # an unmistakably different old result
     old_dir = _copy(out / NAME, tmp_path / "k_old")
     strip = lambda f: {k: v for k, v in _snapshot(f).items() if k.name != "provenance.json"}
     old, new = strip(old_dir), strip(done_run / NAME)
@@ -195,6 +195,7 @@ def test_cell_problem_finds_every_kind_of_damage(tiny, done_run, tmp_path):
     assert damaged(no_checksum) is None
 
 
+@pytest.mark.slow
 def test_a_damaged_cell_is_run_again_under_resume(tiny, done_run, tmp_path, capsys):
     "N4: halve a done cell's metrics; without --resume the run refuses naming the file, with it the cell is re-run and the result is whole."
     out = _copy(done_run, tmp_path / "c1"); shutil.rmtree(out / NAME)
@@ -237,6 +238,7 @@ def test_cells_die_with_their_runner(tiny, tmp_path, sig, monkeypatch):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_resume_that_meets_a_live_cell_says_so(tiny, tmp_path, capsys):
     "N2: an unfinished cell still held by a live process (an orphan of a killed run): --resume refuses in one line, naming it."
     out = tmp_path / "live"; c = cells(tiny, "smoke")[0]
@@ -254,6 +256,7 @@ def test_a_resume_that_meets_a_live_cell_says_so(tiny, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- N12: concurrent runs, damaged files named
+@pytest.mark.slow
 def test_a_second_run_on_a_live_cells_folder_is_told_it_is_in_use(tiny, tmp_path):
     "N12, D9: while one run holds --out/.cells (and has unfinished cells), a second is told the folder is in use, not 'pass --resume'."
     out = tmp_path / "busy"; c = cells(tiny, "smoke")[0]

@@ -160,6 +160,7 @@ def test_bank_errors():
     with pytest.raises(ValueError, match="not both"): bank(x, index=0, dim=1)
 
 
+@pytest.mark.slow
 def test_backend_selection_and_env():
     with pytest.raises(ValueError, match="'auto', 'cpp', 'triton', 'torch'"): set_spline_backend("cuda")
     set_spline_backend("torch"); assert spline_backend().name == "torch" and "requested" in spline_backend().reason
@@ -238,6 +239,7 @@ TRITON_CHECK = """
 """
 
 
+@pytest.mark.slow
 def test_triton_kernel_under_interpreter():
     pytest.importorskip("triton")
     out = _run(TRITON_CHECK, TRITON_INTERPRET="1")

@@ -263,6 +263,7 @@ def prompts(task, split, n, seed=0):
     return {p for p, _ in problems_of(task.batch(split, n, g), task)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TASKS)
 def test_splits_disjoint_on_small_spaces(name):
     "In small problem spaces (where random sampling would collide), weights/arch/test never share a problem."

@@ -320,6 +320,7 @@ def test_phase1_resumes_a_divergence_with_lower_lr_and_spline_lr(task, tmp_path)
     assert names and max(float((now[k] - saved["module"][k]).abs().max()) for k in names) < 1.0
 
 
+@pytest.mark.slow
 def test_demo_arm_processes_exchange_no_pickle(task, tmp_path):
     "Issue 29: the demo's arm processes get their orders and send their results back as JSON, safetensors and CSV, never pickle; the results equal an in-process run."
     import re
