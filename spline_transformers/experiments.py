@@ -312,7 +312,10 @@ def table_file(folder:Path, name:str)->Optional[Path]:
 def write_table(df:pd.DataFrame, path:Path)->Path:
     "Write `df` (without its index) atomically to `path`: gzip-compressed CSV with no time stamp if `path` ends in .gz (the same table, the same bytes), else CSV."
     text = df.to_csv(index=False).encode("utf-8")
-    return atomic_write(path, gzip.compress(text, compresslevel=9, mtime=0) if str(path).endswith(".gz") else text)
+    if not str(path).endswith(".gz"): return atomic_write(path, text)
+    data = bytearray(gzip.compress(text, compresslevel=9, mtime=0))
+    data[9] = 255   # the header's OS byte: "unknown", whatever this Python and zlib would write (outside every checksum)
+    return atomic_write(path, bytes(data))
 
 
 # %% ../nbs/09_experiments.ipynb #79227318

@@ -35,7 +35,7 @@ from .corpora import load_corpus
 from .train import TrainConfig
 from .two_phase import (Phase1Config, phase1, phase2, baseline, spline_arch, arch_for, as_nonlinearities, assemble_transfer,
                                            check_disjoint_seeds, TransferMatrix, TRANSFER_SEEDS)
-from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, write_table, get_experiment,
+from .experiments import (EXPERIMENTS, SIZES, Experiment, Cell, cells, read_json, read_table, write_table, table_file, get_experiment,
                                              file_transfer_cells, check_registered)
 from .stats import per_seed, arm_table, decide, decide_diagonal, statistic_source
 from . import registry  # the book's experiments, registered on import
@@ -561,7 +561,7 @@ def redecide(
     s, prov = read_json(folder / "summary.json", "summary"), read_json(folder / "provenance.json", "provenance")
     size = s.get("size"); check_option(size, SIZES, "size")
     check_registered([name], out, size)
-    cs, metrics = cells(exp, size), read_table(folder / "metrics.csv")
+    cs, metrics = cells(exp, size), read_table(table_file(folder, "metrics") or folder / "metrics.csv.gz")
     redo = f"; run it again: `spline-transformers reproduce {name} --size {size} --out {out} --overwrite`"
     if s.get("cells_hash", cells_hash(cs)) != cells_hash(cs): raise ValueError(f"{name}: other cells produced this result (its training changed){redo}")
     p1 = {c.label.rsplit("/", 1)[1]: c.key for c in cs if c.spec["kind"] == "phase1"}
