@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(config, items):
     by the first test) are done when they are needed. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
     items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it)))
     for it in items:
-        if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")):
+        if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")
+                or "browser" in getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.slow)   # chapters, the shared runs' readers, the site and the browser: not in the inner loop
 
 

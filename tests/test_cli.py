@@ -462,14 +462,19 @@ def _command(cmd, out_flag, path, tmp_path, phase1_dir=None):
     return [*base, out_flag, path]
 
 
+def _one_kind_in_the_inner_loop(kinds)->list:
+    "The first kind runs in the inner loop (`-m 'not slow'`), the others in the full suite."
+    kinds = list(kinds)
+    return kinds[:1] + [pytest.param(k, marks=pytest.mark.slow) for k in kinds[1:]]
+
+
 BAD_OUTS = {"a file": lambda t: (t / "afile.txt", "file"),
             "under a file": lambda t: (t / "afile.txt" / "out", "file"),
             "unwritable": lambda t: (Path("/proc/1/no_such_folder/out"), "writ")}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["demo", "phase1", "phase2", "transfer", "prepare"])
-@pytest.mark.parametrize("kind", list(BAD_OUTS))
+@pytest.mark.parametrize("kind", _one_kind_in_the_inner_loop(BAD_OUTS))
 def test_out_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
     if kind == "unwritable" and not Path("/proc/1").is_dir(): pytest.skip("needs Linux /proc")
     (tmp_path / "afile.txt").write_text("not a folder")
@@ -480,9 +485,8 @@ def test_out_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work
     assert "--out" in err and str(path) in err and word in err
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["phase1", "phase2", "transfer"])
-@pytest.mark.parametrize("kind", list(BAD_OUTS))
+@pytest.mark.parametrize("kind", _one_kind_in_the_inner_loop(BAD_OUTS))
 def test_checkpoint_dir_is_checked_before_any_work(cmd, kind, phase1_dir, tmp_path, no_work, capsys):
     if kind == "unwritable" and not Path("/proc/1").is_dir(): pytest.skip("needs Linux /proc")
     (tmp_path / "afile.txt").write_text("not a folder")

@@ -133,8 +133,7 @@ def test_split_by_document_is_deterministic_and_disjoint():
     assert len(groups["val"]) == max(1, round(0.1 * n_groups))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["sh_char", "sh_bpe"])
+@pytest.mark.parametrize("fixture", ["sh_char", pytest.param("sh_bpe", marks=pytest.mark.slow)])
 def test_no_validation_document_in_training(fixture, request):
     data = request.getfixturevalue(fixture)
     val, train = {n for n, _, _ in data.documents("val")}, {n for n, _, _ in data.documents("train")}

@@ -130,8 +130,7 @@ def test_size_independent_of_input_lengths(attention):
 # ---------------------------------------------------------------------------------------------------------------
 # exactness on many datasets
 
-@pytest.mark.slow
-@pytest.mark.parametrize("N", [1, 2, 5, 10, 30])
+@pytest.mark.parametrize("N", [1, 2, 5, 10, pytest.param(30, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("d", [2, 3, 5, 16, 64])
 def test_exact_random_datasets(N, d):
     for pool, seed in ((None, N * d), (max(3, N // 2 + 3), N * d + 1)):
@@ -231,9 +230,8 @@ def _low_dim_dataset(kind, d, seed):
     return X, [rng.standard_normal((int(rng.integers(1, len(x) + 1)), d)) for x in X]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("d", [2, 3])
-@pytest.mark.parametrize("kind", ["shared", "random", "collinear", "lattice", "near"])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) for k in ("shared", "random")] + ["collinear", pytest.param("lattice", marks=pytest.mark.slow), "near"])
 def test_low_dimension(kind, d):
     "d = 2 and 3 need nothing the construction lacks: exact builds with the theorems' block counts on adversarial datasets."
     for seed in (0, 1):
