@@ -307,32 +307,35 @@ register(Experiment(
     verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_ood", above=0.0),)))
 
 # %% ../nbs/09b_registry.ipynb #1f982dba
-register(Experiment(
-    "needle_authors", "Needle at the pilot's scale, under the authors' recipe", task="needle", chapter="12_more_tasks",
-    claim="With the weights initialised at 1/√d_model and a budget in which the standard transformer recalls in about half its seeds (1,000 steps), "
-          "splines learned in Phase I under the authors' recipe make a fresh transformer learn to recall the value of a queried key among 2–4 pairs "
-          "faster and better; our earlier recipe is measured beside it.",
-    paper="Needle-in-a-haystack: named among the tasks where standard transformers struggle; no number given (spec §4).",
-    sizes=_sizes(_recipe_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), dict(steps=1000, lr=1e-3), ours_steps=800, n_seeds=10,
-                                 arch={**_AUTHORS_ARCH, "init_std": 0.125}),   # the first needle's task; the pilot's scale (1/√d at width 64) and budget
-        gpu_task_params=dict(n_pairs=(4, 16), ood_pairs=(17, 64), n_keys=64, n_values=64)),
-    power=Power(0.35, "results/pilot_needle_init at 146c16a: standard seeds at 1,000 steps, sd of log steps 0.25 (never-reached at the budget), "
-                      "times √2 for two independent arms"),
-    verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_test", above=0.0),)))
+def _needle_authors(
+    name:str, # registry name
+    title:str, # its title
+    budget:str, # how the standard transformer does at the budget, in words, e.g. "in about half its seeds (1,000 steps)"
+    steps:int, # Phase II's steps, and the authors' Phase I's
+    n_seeds:int, # paired Phase II seeds
+    power:Power, # the power plan, from the pilot's seeds at `steps`
+)->Experiment:
+    "Needle at 1/√d_model initial scale under the authors' recipe (`_recipe_setting`), the first needle's task, at the budget `steps`."
+    return Experiment(
+        name, title, task="needle", chapter="12_more_tasks",
+        claim=f"With the weights initialised at 1/√d_model and a budget in which the standard transformer recalls {budget}, "
+              "splines learned in Phase I under the authors' recipe make a fresh transformer learn to recall the value of a queried key among 2–4 pairs "
+              "faster and better; our earlier recipe is measured beside it.",
+        paper="Needle-in-a-haystack: named among the tasks where standard transformers struggle; no number given (spec §4).",
+        sizes=_sizes(_recipe_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), dict(steps=steps, lr=1e-3), ours_steps=800, n_seeds=n_seeds,
+                                     arch={**_AUTHORS_ARCH, "init_std": 0.125}),   # the first needle's task; the pilot's scale (1/√d at width 64)
+            gpu_task_params=dict(n_pairs=(4, 16), ood_pairs=(17, 64), n_keys=64, n_values=64)),
+        power=power, verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_test", above=0.0),))
+
+register(_needle_authors("needle_authors", "Needle at the pilot's scale, under the authors' recipe", "in about half its seeds (1,000 steps)", 1000, 10,
+    Power(0.35, "results/pilot_needle_init at 146c16a: standard seeds at 1,000 steps, sd of log steps 0.25 (never-reached at the budget), "
+                "times √2 for two independent arms")))
+
 
 # %% ../nbs/09b_registry.ipynb #02ebdcf6
-register(Experiment(
-    "needle_authors_2000", "Needle at twice the budget, under the authors' recipe", task="needle", chapter="12_more_tasks",
-    claim="With the weights initialised at 1/√d_model and a budget in which the standard transformer recalls in most of its pilot seeds (2,000 steps), "
-          "splines learned in Phase I under the authors' recipe make a fresh transformer learn to recall the value of a queried key among 2–4 pairs "
-          "faster and better; our earlier recipe is measured beside it.",
-    paper="Needle-in-a-haystack: named among the tasks where standard transformers struggle; no number given (spec §4).",
-    sizes=_sizes(_recipe_setting(dict(n_pairs=(2, 4), ood_pairs=(5, 8), n_keys=16, n_values=16), dict(steps=2000, lr=1e-3), ours_steps=800, n_seeds=12,
-                                 arch={**_AUTHORS_ARCH, "init_std": 0.125}),   # needle_authors at the pilot's next budget
-        gpu_task_params=dict(n_pairs=(4, 16), ood_pairs=(17, 64), n_keys=64, n_values=64)),
-    power=Power(0.78, "results/pilot_needle_init at 146c16a: standard seeds at 2,000 steps, sd of log restricted steps 0.55 (never-reached one "
-                      "evaluation past the budget), times √2 for two independent arms"),
-    verdicts=_RECIPE_VERDICTS + (Verdict("learned", statistic="final_test", above=0.0),)))
+register(_needle_authors("needle_authors_2000", "Needle at twice the budget, under the authors' recipe", "in most of its pilot seeds (2,000 steps)", 2000, 12,
+    Power(0.78, "results/pilot_needle_init at 146c16a: standard seeds at 2,000 steps, sd of log restricted steps 0.55 (never-reached one "
+                "evaluation past the budget), times √2 for two independent arms")))   # needle_authors at the pilot's next budget
 
 
 # %% ../nbs/09b_registry.ipynb #212b8167
