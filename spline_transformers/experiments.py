@@ -300,7 +300,7 @@ def read_json(path:Path, what:str="file"):
 def read_table(path:Path)->pd.DataFrame:
     "The table in `path` (CSV, or gzip-compressed CSV if it ends in .gz; `x.csv` reads `x.csv.gz` where only that exists), or a one-line `ValueError` that names the file."
     path = Path(path)
-    if not path.exists() and path.suffix == ".csv" and path.with_name(path.name + ".gz").is_file(): path = path.with_name(path.name + ".gz")
+    if not path.exists() and path.suffix == ".csv": path = table_file(path.parent, path.stem) or path
     try: return pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError, gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise ValueError(f"{path}: cannot be read as a CSV table ({str(e).splitlines()[0] if str(e) else type(e).__name__}); it is damaged or empty") from None

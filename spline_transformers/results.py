@@ -44,7 +44,7 @@ def load_result(
     r = {"summary": read_json(folder / "summary.json", "summary"), "provenance": read_json(folder / "provenance.json", "provenance"),
          "folder": folder}
     for t in ("metrics", "phase1_metrics", "by_size"):
-        if table_file(folder, t): r[t] = read_table(table_file(folder, t))
+        if (f := table_file(folder, t)): r[t] = read_table(f)
     if (folder / "probes.json").is_file(): r["probes"] = read_json(folder / "probes.json", "probes")
     r["stale"] = _staleness(r["summary"], root)
     if r["stale"]: warnings.warn(r["stale"], StaleResult, stacklevel=2)
