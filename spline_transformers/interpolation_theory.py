@@ -357,12 +357,13 @@ def trajectory_animation(
 # %% ../nbs/21_interpolation_theory.ipynb #2fc8f4f6
 import json
 import re
-import ipywidgets as W
 import plotly.io as pio
 from fastcore.basics import patch
 
 # %% ../nbs/21_interpolation_theory.ipynb #bc818ff6
-from .editor import LiveFigure, STATIC_CONFIG
+# The widget classes (ipywidgets, and chapter 10a's `LiveFigure`) are imported where a playground is made, not here: plotly's
+# `FigureWidget` pulls in nbformat and jsonschema, seconds of imports that every start of the command line (which
+# imports this chapter for its sweeps) would pay for a widget it never shows.
 
 # %% ../nbs/21_interpolation_theory.ipynb #bfccba95
 # Why one cell: the JavaScript twin of chapter 20's hardmax builder is one program, stage after stage, as `_Builder` is
@@ -657,7 +658,7 @@ CONSTRUCTION_JS = r"""  // The hardmax construction of `build_interpolator` (cha
 # Why one cell: the page's side of the playground (its figure, its controls and the script that drives them) is one piece
 PLAYGROUND_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")   # one per sequence slot
 PLAYGROUND_BOX = 2.0        # the editing view is [-2, 2]^2 (plus a margin); clicks snap to a grid of step 0.1 in it
-PLAYGROUND_CONFIG = {**STATIC_CONFIG, "scrollZoom": False}
+PLAYGROUND_CONFIG = {"edits": {"shapePosition": True}, "displaylogo": False, "responsive": True, "scrollZoom": False}   # the editor's STATIC_CONFIG, without scroll zoom
 
 _PAGE_JS = r"""  // the page's side: click to add a token or a target, drag to move one, build, play the blocks
   var S = {};
@@ -866,6 +867,8 @@ class ConstructionPlayground:
         if X is None or Y is None: raise ValueError("give both X and Y (or neither, for the paper's toy)")
         self.start = _items(X, Y); self.items = [dict(it) for it in self.start]
         self.frame_ms, self.T, self.result, self._quiet = frame_ms, None, None, False
+        import ipywidgets as W
+        from spline_transformers.editor import LiveFigure   # here, not at import (see the imports above)
         self.fig = LiveFigure(construction_figure(self.items))
         self.fig._config = dict(PLAYGROUND_CONFIG)
         self.fig.layout.on_change(self._on_shapes, "shapes")
