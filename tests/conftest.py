@@ -233,8 +233,15 @@ build_docs.build = _build_once
 TEST_TIMES = build_docs.STAGE.parent / "test_times.json"   # every test's wall and CPU seconds of the last run
 
 
+def _cpu_ticks():
+    "(busy, total) CPU ticks of the whole machine since boot, from /proc/stat (None where there is none)."
+    try: v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError): return None
+    return sum(v) - v[3] - v[4], sum(v)   # idle and iowait are not busy
+
+
 def pytest_sessionstart(session):
-    session.config._t_start, session.config._times = time.time(), {}
+    session.config._t_start, session.config._times, session.config._ticks = time.time(), {}, _cpu_ticks()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -254,6 +261,10 @@ def pytest_runtest_logreport(report):
     if times is None: return
     t = times.setdefault(report.nodeid, {"wall_s": 0.0})
     t["wall_s"] = round(t["wall_s"] + report.duration, 2)
+    if report.when == "setup":   # when and where it ran: the run's timeline (seconds from the session's start, and the xdist worker)
+        t["start_s"] = round(getattr(report, "start", _config._t_start) - _config._t_start, 1)
+        node = getattr(report, "node", None)
+        if node is not None: t["worker"] = getattr(getattr(node, "gateway", None), "id", None)
     t.update({k: v for k, v in report.user_properties if k.endswith("cpu_s")})
     if report.when == "call": t["outcome"] = report.outcome
 
@@ -272,12 +283,18 @@ def pytest_sessionfinish(session):
     shared = {name: {"cpu_s": round(b.cpu_s(), 1), "returncode": int(b.rc_file.read_text())}
               for name, b in (("smoke", _smoke(session.config._tmp_path_factory)), ("demo", _demo(session.config._tmp_path_factory)))
               if b.rc_file.is_file()}
+    t0, t1 = session.config._ticks, _cpu_ticks()   # how busy the machine's cores were over the run (this run and anything beside it)
+    busy = round((t1[0] - t0[0]) / max(1, t1[1] - t0[1]), 3) if t0 and t1 else None
     TEST_TIMES.write_text(json.dumps({"started": session.config._t_start, "wall_s": round(time.time() - session.config._t_start, 1),
+                                      "cores": os.cpu_count(), "cores_busy": busy,
                                       "shared_runs": shared, "tests": rows}, indent=1))
 
 
 def pytest_terminal_summary(terminalreporter, config):
     "After pytest's slowest tests: the chapters executed in this session, slowest first (nbdev's runner's times)."
+    t0, t1 = getattr(config, "_ticks", None), _cpu_ticks()
+    if t0 and t1 and not WORKER:
+        terminalreporter.write_line(f"machine: {os.cpu_count()} cores, {(t1[0] - t0[0]) / max(1, t1[1] - t0[1]):.0%} busy over the run (this run and anything beside it)")
     for name, b in (("smoke run", _smoke(config._tmp_path_factory)), ("quick demo", _demo(config._tmp_path_factory))):
         if b.rc_file.is_file():   # the session's shared runs: their CPU is not in any test's own
             terminalreporter.write_line(f"shared {name}: {b.cpu_s():.0f} CPU s (exit {b.rc_file.read_text().strip()}): {' '.join(b.cmd[-8:])}")
