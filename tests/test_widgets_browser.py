@@ -443,19 +443,22 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
 
 DEMO_CELL = 'demo = run_demo(demo_config("cpu"), log=print)'
 QUICK_DEMO_CELL = 'demo = run_demo(quick_demo_config(), log=print)'   # the same pipeline in seconds (`demo --quick`'s sizes)
-TRANSFER_RUNS, SHORT_TRANSFER_RUNS = "cfg2, seeds=[0]", "replace(cfg2, steps=100), seeds=[0]"   # the `#| slow` transfer cell's four runs, at 100 steps
+# Phase II at 250 steps, where the median test accuracy of either arm is past 0.2 (the chapter's own test checks 0.9 at 700),
+# and the `#| slow` transfer cell's four runs at 100 steps: this test is about the kernel and the page, not about learning.
+SHORT_RUNS = {"cfg2 = TrainConfig(steps=700": "cfg2 = TrainConfig(steps=250", "acc(r).iloc[-1] >= 0.9": "acc(r).iloc[-1] >= 0.1",
+              "cfg2, seeds=[0]": "replace(cfg2, steps=100), seeds=[0]"}
 GPU_CELL = 'gdemo = run_demo(demo_config("cuda")'
 
 
 @pytest.mark.timeout(1500)
 def test_two_phase_chapter_runs_to_its_end_in_jupyterlab(browser):
     "Chapter 8, all of it, Run All in JupyterLab as a reader runs it: its `#| slow` demo (at `quick_demo_config`'s sizes, as"
-    " `demo --quick` runs it: the cpu size would take minutes and exercises nothing more here; its `#| slow` transfer matrix"
-    " likewise at 100 steps a run), whose `DemoConfig`"
+    " `demo --quick` runs it: the cpu size would take minutes and exercises nothing more here; Phase II and the `#| slow`"
+    " transfer matrix likewise shorter, `SHORT_RUNS`), whose `DemoConfig`"
     " and `run_demo` are the notebook's own (classes of the kernel's __main__, which the arms' processes cannot import: they"
     " once failed to unpickle one) and whose two Phase II arms run in two processes, and its `#| gpu` cell, which on a"
     " machine without CUDA says so instead of failing. Then the Log Console and the sidebar: every figure keeps its height."
-    with jupyterlab(TWO_PHASE_CHAPTER, edits={DEMO_CELL: QUICK_DEMO_CELL, TRANSFER_RUNS: SHORT_TRANSFER_RUNS}) as url:
+    with jupyterlab(TWO_PHASE_CHAPTER, edits={DEMO_CELL: QUICK_DEMO_CELL, **SHORT_RUNS}) as url:
         page, outside, errors, console = _open_lab_page(browser, url)
         t0 = time.time()
         _run_all(page, timeout=840)
