@@ -4,12 +4,12 @@ reader can read at a desktop width: nothing sticks out of the text column (code 
 figure titles clear plotly's toolbar, and no text of a figure overlaps another or is cut off.
 
 DOCS_SITE=folder tests a site already built there instead of building one (e.g. `_docs/` of an earlier build)."""
-import json, os, re
+import json, os, re, time
 from pathlib import Path
 
 import pytest
 
-from conftest import build_docs, exclusive, shared_dir
+from conftest import build_docs, shared_dir
 from browser import require_browser, launch, serve, open_page, column_overflow, table_padding, figure_layout
 
 pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
@@ -141,26 +141,46 @@ def _wait_drawn(page, n:int):
 CHECKS = {"overflow": column_overflow, "tables": table_padding, "figures": figure_layout}
 
 
+VISIT_SHARES = 4   # the pages are visited in this many shares, every page in one: each worker that asks takes the shares no one has
+
+
 @pytest.fixture(scope="module")
 def visits(site, tmp_path_factory):
-    """`visit_pages`, once for the whole test run: under pytest-xdist the first worker to ask visits the pages and the other
-    reads what it found (a module fixture would otherwise visit them once on each worker)."""
-    found = shared_dir(tmp_path_factory) / "docs_visits.json"
-    with exclusive(shared_dir(tmp_path_factory) / "docs_visits.lock"):
-        if not found.is_file():
-            require_browser()
-            with launch() as browser: found.write_text(json.dumps(visit_pages(site, browser)))
-    return json.loads(found.read_text())
+    """`visit_pages`, once for the whole test run: each worker that asks claims the shares of the pages that no worker has
+    claimed yet and visits them (so that under pytest-xdist both workers visit at once, where a lock would leave one idle),
+    then waits for the others' shares; the problems of every share, merged."""
+    shared = shared_dir(tmp_path_factory) / "docs_visits"
+    shared.mkdir(exist_ok=True)
+    every = pages(site)
+    for i in range(VISIT_SHARES):
+        try: (shared / f"{i}.claimed").mkdir()   # atomic: one worker visits each share
+        except FileExistsError: continue
+        require_browser()
+        try:
+            with launch() as browser: found = visit_pages(site, browser, every[i::VISIT_SHARES])
+        except BaseException as e:   # say so, or the other worker would wait for this share until its timeout
+            (shared / f"{i}.error").write_text(f"{type(e).__name__}: {e}"); raise
+        (shared / f"{i}.json.tmp").write_text(json.dumps(found)); (shared / f"{i}.json.tmp").rename(shared / f"{i}.json")
+    t0 = time.time()
+    while not all((shared / f"{i}.json").is_file() for i in range(VISIT_SHARES)):
+        failed = sorted(shared.glob("*.error"))
+        if failed: pytest.fail(f"share {failed[0].stem} of the page visits failed on another worker: {failed[0].read_text()[:2000]}")
+        assert time.time() - t0 < 1200, f"the other worker's share of the page visits did not finish in 1200 s: {sorted(os.listdir(shared))}"
+        time.sleep(0.5)
+    merged = {}
+    for i in range(VISIT_SHARES):
+        for check, problems in json.loads((shared / f"{i}.json").read_text()).items(): merged.setdefault(check, []).extend(problems)
+    return merged
 
 
-def visit_pages(site, browser)->dict:
+def visit_pages(site, browser, only=None)->dict:
     """Each page opened once, for every check that reads a page as it stands (one load a page, not one a check): loaded at a
     desktop width for `_render_problems` and `CHECKS`; then, if it has a figure, narrowed to 900 px with its sidebar opened
     over the page and widened to 992 px (`test_figures_fit_narrow_windows`). Returns the problems each check finds, as
-    `{check: ["page: problem"]}` (checks: render, overflow, tables, figures, narrow)."""
+    `{check: ["page: problem"]}` (checks: render, overflow, tables, figures, narrow); `only`: these pages (default: all)."""
     found = {k: [] for k in ("render", *CHECKS, "narrow")}
     with serve(site) as base:
-        for p in pages(site):
+        for p in (pages(site) if only is None else only):
             html = p.read_text()
             n = len(re.findall(r"Plotly\.newPlot\(", html))
             page, errors, outside = open_page(browser, f"{base}/{p.name}", viewport=DESKTOP)
