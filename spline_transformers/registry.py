@@ -35,8 +35,8 @@ def _sizes(
     short = lambda r: replace(r, seeds=r.seeds[:2], train=tuple((k, v) for k, v in r.train if k != "steps"))   # a run's own length is the cpu size's
     smoke = replace(cpu, task_params=tuple((k, min(v, 64) if k == "block_size" else v) for k, v in cpu.task_params),   # a corpus's context: 64 tokens
                     arch=replace(cpu.arch, d_model=32, n_heads=2),
-                    train=replace(cpu.train, steps=60, batch_size=16, warmup=10, eval_every=20, eval_examples=64),
-                    phase1_train=replace(cpu.phase1_train, steps=30, batch_size=16, warmup=5, eval_every=15, eval_examples=64),
+                    train=replace(cpu.train, steps=30, batch_size=16, warmup=5, eval_every=10, eval_examples=64),
+                    phase1_train=replace(cpu.phase1_train, steps=20, batch_size=16, warmup=4, eval_every=10, eval_examples=64),
                     phase1_runs=tuple(short(r) for r in cpu.phase1_runs), seeds=cpu.seeds[:2])
     gpu = replace(cpu, task_params=tuple(sorted((gpu_task_params or dict(cpu.task_params)).items())),
                   arch=replace(cpu.arch, **{"d_model": 128, "n_knots": 122, "spline_range": 20.0, **(gpu_arch or {})}),
