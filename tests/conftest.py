@@ -237,7 +237,8 @@ def _cpu_ticks():
     "(busy, total) CPU ticks of the whole machine since boot, from /proc/stat (None where there is none)."
     try: v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError): return None
-    return sum(v) - v[3] - v[4], sum(v)   # idle and iowait are not busy
+    total = sum(v[:8])   # user nice system idle iowait irq softirq steal (guest time is already inside user and nice)
+    return total - v[3] - v[4], total   # idle and iowait are not busy
 
 
 def pytest_sessionstart(session):

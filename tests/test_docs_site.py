@@ -145,19 +145,18 @@ VISIT_SHARES = 4   # the pages are visited in this many shares, every page in on
 
 
 @pytest.fixture(scope="module")
-def visits(site, tmp_path_factory):
+def visits(site, browser, tmp_path_factory):
     """`visit_pages`, once for the whole test run: each worker that asks claims the shares of the pages that no worker has
-    claimed yet and visits them (so that under pytest-xdist both workers visit at once, where a lock would leave one idle),
-    then waits for the others' shares; the problems of every share, merged."""
+    claimed yet and visits them in its module's browser (so that under pytest-xdist both workers visit at once, where a lock
+    would leave one idle), then waits for the others' shares; the problems of every share, merged. (The `browser` fixture
+    skips before anything is claimed; one thread can hold one Playwright, so the visits use that browser, not a second.)"""
     shared = shared_dir(tmp_path_factory) / "docs_visits"
     shared.mkdir(exist_ok=True)
     every = pages(site)
     for i in range(VISIT_SHARES):
         try: (shared / f"{i}.claimed").mkdir()   # atomic: one worker visits each share
         except FileExistsError: continue
-        require_browser()
-        try:
-            with launch() as browser: found = visit_pages(site, browser, every[i::VISIT_SHARES])
+        try: found = visit_pages(site, browser, every[i::VISIT_SHARES])
         except BaseException as e:   # say so, or the other worker would wait for this share until its timeout
             (shared / f"{i}.error").write_text(f"{type(e).__name__}: {e}"); raise
         (shared / f"{i}.json.tmp").write_text(json.dumps(found)); (shared / f"{i}.json.tmp").rename(shared / f"{i}.json")

@@ -15,7 +15,7 @@ NAME = "tiny"
 LONG_ENV = "TINY_SMOKE_STEPS"   # the smoke size's Phase II steps (default 10): a test that kills a run mid-cell makes its cells long
 
 def tiny_experiment()->Experiment:
-    "Parentheses at a tenth of its smoke size: one Phase I run of two models, two arms of two seeds (5 cells, seconds each)."
+    "Parentheses at a third of its smoke size: one Phase I run of two models, two arms of two seeds (5 cells, seconds each)."
     base = EXPERIMENTS["parentheses"].setting("smoke")
     def sized(steps:int):
         return replace(base, arch=replace(base.arch, d_model=16, n_heads=2),
