@@ -241,6 +241,12 @@ def _cpu_ticks():
     return total - v[3] - v[4], total   # idle and iowait are not busy
 
 
+def cores_busy(config)->float:
+    "The fraction of the machine's CPU time that was busy since this session started (this run and anything beside it), or None."
+    t0, t1 = getattr(config, "_ticks", None), _cpu_ticks()
+    return (t1[0] - t0[0]) / max(1, t1[1] - t0[1]) if t0 and t1 else None
+
+
 def pytest_sessionstart(session):
     session.config._t_start, session.config._times, session.config._ticks = time.time(), {}, _cpu_ticks()
 
@@ -284,18 +290,17 @@ def pytest_sessionfinish(session):
     shared = {name: {"cpu_s": round(b.cpu_s(), 1), "returncode": int(b.rc_file.read_text())}
               for name, b in (("smoke", _smoke(session.config._tmp_path_factory)), ("demo", _demo(session.config._tmp_path_factory)))
               if b.rc_file.is_file()}
-    t0, t1 = session.config._ticks, _cpu_ticks()   # how busy the machine's cores were over the run (this run and anything beside it)
-    busy = round((t1[0] - t0[0]) / max(1, t1[1] - t0[1]), 3) if t0 and t1 else None
+    busy = cores_busy(session.config)
     TEST_TIMES.write_text(json.dumps({"started": session.config._t_start, "wall_s": round(time.time() - session.config._t_start, 1),
-                                      "cores": os.cpu_count(), "cores_busy": busy,
+                                      "cores": os.cpu_count(), "cores_busy": None if busy is None else round(busy, 3),
                                       "shared_runs": shared, "tests": rows}, indent=1))
 
 
 def pytest_terminal_summary(terminalreporter, config):
     "After pytest's slowest tests: the chapters executed in this session, slowest first (nbdev's runner's times)."
-    t0, t1 = getattr(config, "_ticks", None), _cpu_ticks()
-    if t0 and t1 and not WORKER:
-        terminalreporter.write_line(f"machine: {os.cpu_count()} cores, {(t1[0] - t0[0]) / max(1, t1[1] - t0[1]):.0%} busy over the run (this run and anything beside it)")
+    busy = cores_busy(config)
+    if busy is not None and not WORKER:
+        terminalreporter.write_line(f"machine: {os.cpu_count()} cores, {busy:.0%} busy over the run (this run and anything beside it)")
     for name, b in (("smoke run", _smoke(config._tmp_path_factory)), ("quick demo", _demo(config._tmp_path_factory))):
         if b.rc_file.is_file():   # the session's shared runs: their CPU is not in any test's own
             terminalreporter.write_line(f"shared {name}: {b.cpu_s():.0f} CPU s (exit {b.rc_file.read_text().strip()}): {' '.join(b.cmd[-8:])}")
