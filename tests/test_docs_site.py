@@ -29,14 +29,31 @@ def browser():
 
 
 def pages(site):
-    return sorted(p for p in site.glob("*.html"))
+    "The site's pages: the front page and every chapter's, in its part's folder (not the site's own files)."
+    return sorted(p for p in site.rglob("*.html") if p.relative_to(site).parts[0] not in ("site_libs", "katex"))
+
+
+def page_file(site, name)->Path:
+    "The page called `name` (e.g. 'editor.html'), in whichever part's folder it is."
+    hits = [p for p in pages(site) if p.name == name]
+    assert len(hits) == 1, (name, hits)
+    return hits[0]
+
+
+def url(base, site, p)->str:
+    "The address of page `p` on the site served at `base`."
+    return f"{base}/{p.relative_to(site).as_posix()}"
 
 
 def test_every_chapter_has_a_page(site):
-    names = {p.stem for p in pages(site)}
-    assert "index" in names and len(names) == len(build_docs.chapters()), (names, build_docs.chapters())
+    "Every chapter has its page, in its part's folder as in `nbs/`; the sidebar lists them in reading order, a section a part."
+    import html
+    want = [build_docs.page_path(nb) for nb in build_docs.chapters()]
+    assert sorted(p.relative_to(site).as_posix() for p in pages(site)) == sorted(want)
     sidebar = (site / "index.html").read_text()
-    for p in pages(site): assert f'href="{p.name}"' in sidebar or p.name == "index.html", f"{p.name} missing from the sidebar"
+    listed = [h for h in dict.fromkeys(re.findall(r'href="([^"#]+\.html)"', sidebar)) if h in want]
+    assert listed == ["index.html"] + [w for w in want if w != "index.html"], listed
+    for title in build_docs.PARTS.values(): assert html.escape(title) in sidebar, f"no sidebar section {title!r}"
 
 
 def test_class_source():
@@ -68,7 +85,7 @@ def test_classes_render_as_classes(site):
         text = H.unescape(re.sub(r"<[^>]+>", "", p.read_text()))
         bad += [f"{p.name}: def {n}(...)" for n in re.findall(r"^def ([A-Z]\w*)\(", text, re.M) if n in classes]
     assert not bad, "\n".join(bad)
-    text = H.unescape(re.sub(r"<[^>]+>", "", (site / "model.html").read_text()))
+    text = H.unescape(re.sub(r"<[^>]+>", "", page_file(site, "model.html").read_text()))
     assert "@dataclass\nclass TransformerConfig:\n    vocab_size:int # " in text
 
 
@@ -107,7 +124,7 @@ def test_animations_play(site, browser):
     with serve(site) as base:
         for p in pages(site):
             if 'Plotly.addFrames' not in p.read_text(): continue
-            page, errors, _ = _visit(browser, f"{base}/{p.name}")
+            page, errors, _ = _visit(browser, url(base, site, p))
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=20000)
             for i in range(page.evaluate(ANIMATED + ".length")):
                 before = page.evaluate(SIGNATURE, i)
@@ -125,9 +142,9 @@ DESKTOP = {"width": 1280, "height": 900}
 SHOTS = os.environ.get("DOCS_SHOTS")   # a folder: save a screenshot of each page with a layout problem there
 
 
-def _open_drawn(browser, base, page_path):
+def _open_drawn(browser, base, site, page_path):
     "Open a page at a desktop width and wait until its plotly figures are drawn and KaTeX has run."
-    page, errors, _ = open_page(browser, f"{base}/{page_path.name}", viewport=DESKTOP)
+    page, errors, _ = open_page(browser, url(base, site, page_path), viewport=DESKTOP)
     _wait_drawn(page, len(re.findall(r"Plotly\.newPlot\(", page_path.read_text())))
     return page
 
@@ -182,7 +199,7 @@ def visit_pages(site, browser, only=None)->dict:
         for p in (pages(site) if only is None else only):
             html = p.read_text()
             n = len(re.findall(r"Plotly\.newPlot\(", html))
-            page, errors, outside = open_page(browser, f"{base}/{p.name}", viewport=DESKTOP)
+            page, errors, outside = open_page(browser, url(base, site, p), viewport=DESKTOP)
             _wait_drawn(page, n)
             checks = {"render": lambda page: _render_problems(page, html, n, errors, outside), **CHECKS}
             if n: checks["narrow"] = lambda page: [f for viewport, sidebar in NARROW for f in _narrow_problems(page, viewport, sidebar)]
@@ -218,12 +235,13 @@ def test_findings_page_is_a_table_to_read(site):
     numbers in the paper's units, no index column, no DataFrame truncation (`...`) and no code before it."""
     import html as H
     from spline_transformers.results import EXPERIMENTS  # results imports the registry
-    page = (site / "findings.html").read_text()
+    findings = page_file(site, "findings.html")
+    page = findings.read_text()
     m = re.search(r'<table class="dataframe findings">.*?</table>', page, re.S)
     assert m, "findings.html has no findings table"
     table, text = m.group(0), H.unescape(re.sub(r"<[^>]+>", "", m.group(0)))
     hrefs = re.findall(r'<a href="([^"]+)"', table)
-    assert hrefs and all((site / h).is_file() for h in hrefs), [h for h in hrefs if not (site / h).is_file()]
+    assert hrefs and all((findings.parent / h).is_file() for h in hrefs), [h for h in hrefs if not (findings.parent / h).is_file()]
     assert not re.search(r"\[\w+\]\(\w+\.html\)", text), "a chapter link is shown as raw markdown"
     assert "..." not in text and "…" not in text, "a cell of the table is cut"
     for n, e in EXPERIMENTS.items(): assert " ".join(e.claim.split()) in " ".join(text.split()), f"{n}: its claim is not whole"
@@ -236,7 +254,7 @@ def test_findings_page_is_a_table_to_read(site):
 def test_findings_table_fits_the_column(site, browser):
     "Issue 28 (9): the findings table is read without scrolling sideways: it fits the text column, its links are in view."
     with serve(site) as base:
-        page = _open_drawn(browser, base, site / "findings.html")
+        page = _open_drawn(browser, base, site, page_file(site, "findings.html"))
         fit = page.evaluate("""() => { const t = document.querySelector('main table.findings'), m = document.querySelector('main');
             if (!t) return null; const right = m.getBoundingClientRect().left + m.clientWidth;
             return {table: t.getBoundingClientRect().right, box: t.parentElement.scrollWidth - t.parentElement.clientWidth, right,
@@ -286,14 +304,14 @@ def test_live_editors_answer_on_the_site(site, browser):
     assert {name for name, _, _ in LIVE} <= with_live, with_live
     with serve(site) as base:
         for name, k, dy in LIVE:
-            page, errors, outside = open_page(browser, f"{base}/{name}", viewport=DESKTOP)
+            page, errors, outside = open_page(browser, url(base, site, page_file(site, name)), viewport=DESKTOP)
             console = console_errors(page)
             page.reload()                                   # with the console listened to from the start
-            n = len(re.findall(r"Plotly\.newPlot\(", (site / name).read_text()))
+            n = len(re.findall(r"Plotly\.newPlot\(", page_file(site, name).read_text()))
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=30_000)
             ids = live_editors(page)
             assert len(ids) == 1, (name, ids)
-            before, after, lib = check_drag(page, ids[0], k, dy, site=site)
+            before, after, lib = check_drag(page, ids[0], k, dy, site=page_file(site, name).parent)   # its model file is beside it
             if SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_live_{Path(name).stem}.png"), full_page=False)
             assert not errors and not console, (name, errors, console)
             assert not outside, (name, outside)
@@ -307,9 +325,9 @@ def test_construction_runs_on_the_site(site, browser):
     from browser import console_errors
     from test_construction_page import playground_ids, build_in_page, check_against_library
     name = "interpolation_theory.html"
-    assert "stConstruct.register(" in (site / name).read_text()
+    assert "stConstruct.register(" in page_file(site, name).read_text()
     with serve(site) as base:
-        page, errors, outside = open_page(browser, f"{base}/{name}", viewport=DESKTOP)
+        page, errors, outside = open_page(browser, url(base, site, page_file(site, name)), viewport=DESKTOP)
         console = console_errors(page)
         page.reload()
         page.wait_for_function("() => window.stConstruct && Object.keys(window.stConstruct.specs).length > 0", timeout=60_000)

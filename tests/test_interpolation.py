@@ -8,6 +8,8 @@ import math
 import re
 from pathlib import Path
 
+from conftest import build_docs
+
 import numpy as np
 import pytest
 import torch
@@ -638,7 +640,7 @@ def test_figures_module_is_named_after_its_chapter():
 
 
 def _cells(nb):
-    return [("".join(c["source"]), c["cell_type"]) for c in json.loads((ROOT / "nbs" / nb).read_text())["cells"]]
+    return [("".join(c["source"]), c["cell_type"]) for c in json.loads(build_docs.chapter(Path(nb).stem).read_text())["cells"]]
 
 
 def _exported_objects(nb):
@@ -771,7 +773,7 @@ def test_tikhonov_slope_is_what_the_chapter_says():
     "The slope and bootstrap interval the chapter's text gives are those computed from the committed result."
     from spline_transformers.interpolation_theory import load_tikhonov, tikhonov_slope
     res = load_tikhonov(ROOT / "results")
-    text = "".join("".join(c["source"]) for c in json.loads((ROOT / "nbs" / "21_interpolation_theory.ipynb").read_text())["cells"]
+    text = "".join("".join(c["source"]) for c in json.loads(build_docs.chapter("21_interpolation_theory").read_text())["cells"]
                    if c["cell_type"] == "markdown")
     for start in res["setting"]["starts"]:
         f = tikhonov_slope(res, start)

@@ -44,7 +44,7 @@ def test_notebook(nb, staged, request, monkeypatch):
         out, p = request.getfixturevalue("demo_run")
         assert p.returncode == 0, p.stderr[-3000:]
         monkeypatch.setenv(DEMO_ENV, str(out))
-    ok = build_docs.execute(staged / nb.name, _skip_flags())
+    ok = build_docs.execute(staged / nb.relative_to(build_docs.NBS), _skip_flags())
     assert ok, f"{nb.name} failed (its traceback is printed above)"
 
 
@@ -86,6 +86,21 @@ def test_there_are_chapters():
     assert set(built) == modules, (sorted(modules - set(built)), sorted(set(built) - modules))
     assert all(len(v) == 1 for v in built.values()), {k: v for k, v in built.items() if len(v) > 1}
     assert "index.ipynb" in {nb.name for nb in NOTEBOOKS}
+
+
+def test_the_folders_of_nbs_are_the_parts_of_the_book():
+    """`nbs/` is laid out by part (`build_docs.PARTS`): every chapter but the front page sits in a part's folder; the chapters
+    of `measured/` only read committed results (they build no module) and every other chapter builds one; and the folders
+    keep the chapters' numbers in reading order."""
+    for nb in NOTEBOOKS:
+        rel = nb.relative_to(build_docs.NBS)
+        if rel == Path("index.ipynb"): continue
+        assert rel.parent.as_posix() in build_docs.PARTS, f"{rel}: not in a part's folder {sorted(build_docs.PARTS)}"
+        measured = rel.parent.name == "measured"
+        assert (_module_of(nb) is None) == measured, f"{rel}: {'a measured chapter builds a module' if measured else 'builds no module: it belongs in measured/'}"
+    stems = [nb.stem for nb in NOTEBOOKS if nb.name != "index.ipynb"]
+    assert stems == sorted(stems), "the parts' folders put the chapters out of their numbers' order"
+    assert NOTEBOOKS[-1].name == "index.ipynb"
 
 
 def test_chapters_import_only_earlier_chapters():

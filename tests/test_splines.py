@@ -3,6 +3,8 @@ backend selection and fallback, save/load errors, the Triton kernel under TRITON
 import json, math, os, subprocess, sys, textwrap, warnings
 from pathlib import Path
 
+from conftest import build_docs
+
 import numpy as np
 import pytest
 import torch
@@ -473,7 +475,7 @@ def _exported_defs(nb):
     "Names of the classes and functions defined in a notebook's exported cells, in order."
     import ast
     names = []
-    for c in json.loads((ROOT / "nbs" / nb).read_text())["cells"]:
+    for c in json.loads(build_docs.chapter(Path(nb).stem).read_text())["cells"]:
         s = "".join(c["source"])
         if c["cell_type"] != "code" or not s.startswith("#| export"): continue
         names += [n.name for n in ast.parse(s).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
@@ -482,7 +484,7 @@ def _exported_defs(nb):
 
 @pytest.mark.parametrize("nb, first", [("01_splines.ipynb", "LinearSpline"), ("02_attention.ipynb", "attend")])
 def test_chapter_introduces_its_object_before_its_kernels(nb, first):
-    src = json.dumps(json.loads((ROOT / "nbs" / nb).read_text())["cells"])
+    src = json.dumps(json.loads(build_docs.chapter(Path(nb).stem).read_text())["cells"])
     names = _exported_defs(nb)
     assert names[0] == first, names[:3]
     assert "#include" not in src.split(first)[0]          # no C++ before the object

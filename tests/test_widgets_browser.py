@@ -7,6 +7,8 @@ end, its demo's Phase II arms in two processes. Also the offline (static-site) e
 import contextlib, json, os, secrets, shutil, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
+from conftest import build_docs
+
 import pytest
 
 from browser import require_browser, launch, serve, free_port, open_page, console_errors
@@ -14,9 +16,9 @@ from browser import require_browser, launch, serve, free_port, open_page, consol
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-EDITOR_CHAPTER = ROOT / "nbs" / "10a_editor.ipynb"   # the spline editors
-WIDGETS_CHAPTER = ROOT / "nbs" / "30_widgets.ipynb"  # the collapse player and the training monitors
-TWO_PHASE_CHAPTER = ROOT / "nbs" / "08_two_phase.ipynb"   # its `#| slow` demo cell runs the Phase II arms in two processes
+EDITOR_CHAPTER = build_docs.chapter("10a_editor")   # the spline editors
+WIDGETS_CHAPTER = build_docs.chapter("30_widgets")  # the collapse player and the training monitors
+TWO_PHASE_CHAPTER = build_docs.chapter("08_two_phase")   # its `#| slow` demo cell runs the Phase II arms in two processes
 
 LAB_CONFIG = {"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                          "extension_manager": "readonly", "expose_app_in_browser": True},

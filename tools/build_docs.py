@@ -4,16 +4,20 @@
     python tools/build_docs.py --flags "slow gpu"   # also run the cells tagged #| slow / #| gpu
 
 Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto exists):
+The book's notebooks sit in `nbs/` in one folder per part (`PARTS`, in reading order); the site keeps the folders, as
+Quarto does, and its sidebar shows each part as a section.
+
 1. Stage `nbs/` into `_build/nbs/` and execute every chapter there (nbdev's test runner, `save=True`), so the
    pages show outputs that match the committed code. A staged notebook already executed by the test suite
    (`tests/test_notebooks.py` executes into the same folder) is reused when its cell sources equal the source's.
-2. nbdev's own processing: `nbdev.yml`, the module index, `sidebar.yml`, `proc_nbs` → `_proc/` (renders `show_doc`,
+2. nbdev's own processing: `nbdev.yml`, the module index, `sidebar.yml` (written here: the parts as sections), `proc_nbs` → `_proc/` (renders `show_doc`,
    `#| hide`, front matter). fastcore renders every class's `show_doc` as its constructor, `def Name(...)->None:`;
    `render_classes` rewrites those blocks as classes: a dataclass as `@dataclass class Name:` with one line per field
    (type, default, docment), any other class as `class Name(Bases):` with its `def __init__(self, ...)`.
 3. Copy a local `plotly.min.js` (from the plotly wheel) and KaTeX (from the npm registry, cached in
-   `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, and put the models the pages run
-   (`spline_transformers/live/`, the editor chapter's `site_files`) beside the pages.
+   `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, point the parts' pages at those root
+   files, and put the models the pages run (`spline_transformers/live/`, the editor chapter's `site_files`) beside the
+   pages that run them.
 """
 import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile, time
 from pathlib import Path
@@ -25,9 +29,31 @@ KATEX_VERSION = "0.16.22"
 SKIP_FLAGS = ["slow", "gpu"]
 
 
+# The book's parts: each a folder of `nbs/` (and of the site), in reading order, with the title its sidebar section shows.
+PARTS = {"1_building_blocks": "Part I: the building blocks",
+         "2_learned_nonlinearities": "Part II: learned nonlinearities",
+         "2_learned_nonlinearities/measured": "Measured: the paper's claims, tested",
+         "3_exact_interpolation": "Part III: exact sequence interpolation",
+         "4_interfaces": "Interfaces: the command line and live widgets"}
+
+
+def _in_book(rel:Path)->bool:
+    "Is this notebook (its path relative to `nbs/`) a chapter: no folder or file of its path starts with `_` or `.`?"
+    return not any(part.startswith(("_", ".")) for part in rel.parts)
+
+
 def chapters(folder=NBS):
-    "The notebooks of the book, in reading order."
-    return sorted(p for p in Path(folder).glob("*.ipynb") if not p.name.startswith("_"))
+    "The notebooks of the book, in reading order: the parts' folders in order, then the front page (`index.ipynb`)."
+    folder = Path(folder)
+    found = [p for p in folder.rglob("*.ipynb") if _in_book(p.relative_to(folder))]
+    return sorted(found, key=lambda p: (p.parent == folder, p.relative_to(folder).as_posix()))
+
+
+def chapter(stem:str, folder=NBS)->Path:
+    "The notebook of the chapter named `stem` (e.g. '10a_editor'), wherever its part keeps it."
+    hits = [p for p in chapters(folder) if p.stem == stem]
+    if len(hits) != 1: raise FileNotFoundError(f"no single chapter {stem!r} under {folder} (found {hits}): the names are {[p.stem for p in chapters(folder)]}")
+    return hits[0]
 
 
 def _sources(nb_path):
@@ -35,18 +61,33 @@ def _sources(nb_path):
     return [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]) for c in nb["cells"]]
 
 
+def page_path(nb:Path, folder=NBS)->str:
+    "The page a chapter's notebook becomes in the site, from the site's root: `nbs/1_building_blocks/01_splines.ipynb` → `1_building_blocks/splines.html`."
+    from nbdev.config import nbpath2html
+    return nbpath2html(Path(nb).relative_to(folder)).as_posix()
+
+
+def _tracked(folder:Path)->list:
+    "The files of the book's source folder (not hidden ones): tracked by git or new, or every file where git cannot say (not a checkout)."
+    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], cwd=folder,
+                       capture_output=True, text=True)
+    rels = [Path(f) for f in r.stdout.split("\0") if f] if r.returncode == 0 else \
+           [p.relative_to(folder) for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
+    return [rel for rel in rels if not any(part.startswith(".") for part in rel.parts) and (folder / rel).is_file()]
+
+
 def stage(force=False):
-    "Copy `nbs/` into `_build/nbs/`, keeping staged notebooks whose sources are unchanged (they may hold fresh outputs)."
+    """Copy `nbs/` (its parts' folders as they are) into `_build/nbs/`, keeping staged notebooks whose sources are unchanged
+    (they may hold fresh outputs); what the chapters write while running (data, runs, reports) is not copied."""
     STAGE.mkdir(parents=True, exist_ok=True)
-    for src in NBS.iterdir():
-        if src.name.startswith(".") or src.name == "spline_transformers": continue
-        dst = STAGE / src.name
-        if src.is_dir():
-            shutil.rmtree(dst, ignore_errors=True); shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-        elif src.suffix == ".ipynb" and dst.exists() and not force and _sources(src) == _sources(dst): continue
-        else: shutil.copy2(src, dst)
-    for dst in STAGE.glob("*.ipynb"):
-        if not (NBS / dst.name).exists(): dst.unlink()
+    wanted = set()
+    for rel in _tracked(NBS):
+        src, dst = NBS / rel, STAGE / rel
+        wanted.add(rel)
+        if src.suffix == ".ipynb" and dst.exists() and not force and _sources(src) == _sources(dst): continue
+        dst.parent.mkdir(parents=True, exist_ok=True); shutil.copy2(src, dst)
+    for dst in list(STAGE.rglob("*.ipynb")):   # a chapter moved or deleted in `nbs/` leaves the stage too
+        if dst.relative_to(STAGE) not in wanted and _in_book(dst.relative_to(STAGE)): dst.unlink()
     return STAGE
 
 
@@ -116,16 +157,40 @@ def plotly_js():
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+def sidebar_contents(folder=STAGE)->list:
+    "The sidebar's `contents:`: the front page, then one section a part (`PARTS`), nested as the parts' folders are, in reading order."
+    folder = Path(folder)
+    unknown = sorted({p.parent.relative_to(folder).as_posix() for p in chapters(folder)} - set(PARTS) - {"."})
+    if unknown: raise ValueError(f"chapters in folders that are not parts of the book: {unknown}; add each to PARTS in tools/build_docs.py")
+    front, parts, sections = [], [], {}
+    def section(part):   # a part's section, made (inside its parent's) where its first chapter comes
+        if part not in sections:
+            sections[part] = {"section": PARTS[part], "contents": []}
+            parent = part.rpartition("/")[0]
+            (section(parent)["contents"] if parent else parts).append(sections[part])
+        return sections[part]
+    for nb in chapters(folder):
+        rel = nb.relative_to(folder)
+        (front if rel.parent == Path(".") else section(rel.parent.as_posix())["contents"]).append(rel.as_posix())
+    return front + parts
+
+
+def write_sidebar(folder=STAGE):
+    "Write `sidebar.yml` (Quarto's format, which nbdev writes too) into `folder`: the parts as sections, in reading order."
+    import yaml
+    (Path(folder) / "sidebar.yml").write_text(yaml.safe_dump({"website": {"sidebar": {"contents": sidebar_contents(folder)}}}, sort_keys=False))
+
+
 def process():
     "nbdev's processing of the staged, executed notebooks into `_proc/`."
-    from nbdev.quarto import refresh_quarto_yml, nbdev_sidebar
+    from nbdev.quarto import refresh_quarto_yml
     from nbdev.serve import proc_nbs
     import nbdev.doclinks
     os.chdir(ROOT)
     refresh_quarto_yml()
     shutil.copy2(NBS / "nbdev.yml", STAGE / "nbdev.yml")
     nbdev.doclinks._build_modidx()
-    nbdev_sidebar.__wrapped__(path=STAGE, force=True)
+    write_sidebar()
     shutil.rmtree(PROC, ignore_errors=True)
     proc_nbs(str(STAGE), n_workers=2, force=True)   # fresh processes: in this one, ipywidgets' registry may hold every widget the
     # chapters made (after the notebook tests, ~170 MB), and nbdev writes it into every processed notebook
@@ -231,7 +296,7 @@ def _resolve(name, markdown):
 def render_classes(folder=None):
     "Rewrite the `show_doc` blocks of classes in the processed notebooks: `class`/`@dataclass`, not `def Name(...)->None:`."
     n = 0
-    for nb_path in Path(folder or PROC).glob("*.ipynb"):
+    for nb_path in Path(folder or PROC).rglob("*.ipynb"):
         nb, changed = json.loads(nb_path.read_text()), False
         for cell in nb["cells"]:
             for out in cell.get("outputs", []):
@@ -249,18 +314,32 @@ def render_classes(folder=None):
 
 
 def name_pages_like_quarto():
-    "Rename each processed notebook to its `output-file` (`00_viz.ipynb` → `viz.ipynb`), as Quarto names the pages."
+    "Rename each processed notebook to its `output-file` (`1_building_blocks/00_viz.ipynb` → `1_building_blocks/viz.ipynb`), as Quarto names the pages."
     sidebar = PROC / "sidebar.yml"
     text = sidebar.read_text() if sidebar.exists() else ""
-    for nb in PROC.glob("*.ipynb"):
+    for nb in PROC.rglob("*.ipynb"):
         cells = json.loads(nb.read_text())["cells"]
         front = "".join(cells[0]["source"]) if cells and cells[0]["cell_type"] == "raw" else ""
         out = next((l.split(":", 1)[1].strip() for l in front.splitlines() if l.startswith("output-file:")), None)
         if not out or out == nb.with_suffix(".html").name: continue
         target = nb.with_name(Path(out).with_suffix(".ipynb").name)
         nb.rename(target)
-        text = text.replace(nb.name, target.name)
+        text = text.replace(nb.relative_to(PROC).as_posix(), target.relative_to(PROC).as_posix())
     if text: sidebar.write_text(text)
+
+
+# What every page loads from the site's root, written in `_quarto.yml`'s header and by smalldocs as if the page sat there.
+ROOT_FILES = re.compile(r'(?P<attr>\b(?:src|href))="(?P<path>plotly\.min\.js|fit_figures\.js|katex/)')
+
+
+def reach_root_files(site:Path):
+    "Point the pages of a part's folder at the root's plotly.js, `fit_figures.js` and KaTeX (`../` per level), as the root's pages do."
+    for page in Path(site).rglob("*.html"):
+        depth = len(page.relative_to(site).parts) - 1
+        if depth == 0 or page.relative_to(site).parts[0] in ("site_libs", "katex"): continue
+        text = page.read_text()
+        fixed = ROOT_FILES.sub(lambda m: f'{m["attr"]}="{"../" * depth}{m["path"]}', text)
+        if fixed != text: page.write_text(fixed)
 
 
 def render():
@@ -276,8 +355,10 @@ def render():
         shutil.rmtree(DOCS, ignore_errors=True); shutil.move(str(built), str(DOCS))
     shutil.copytree(katex, DOCS / "katex", dirs_exist_ok=True)
     if not (DOCS / "plotly.min.js").exists(): shutil.copy2(plotly_js(), DOCS / "plotly.min.js")
+    reach_root_files(DOCS)
     from spline_transformers.editor import site_files    # the models the pages run (the editor chapter), fetched from beside them
-    for rel, f in site_files().items(): (DOCS / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, DOCS / rel)
+    for folder in sorted({page.parent for page in DOCS.rglob("*.html") if "stLive.register(" in page.read_text()}):
+        for rel, f in site_files().items(): (folder / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(f, folder / rel)
     for w in getattr(site, "warnings", []): print(f"smalldocs warning: {w}", file=sys.stderr)
     return DOCS
 
