@@ -560,19 +560,33 @@ class _WarmStarter:
     _all = {}   # key -> _WarmStarter, the most recently used last
     KEEP = 4   # starters kept at once (each holds torch's imports, ~0.3 GB): an older one is closed, and ends when its children have
 
+    _lock = threading.Lock()   # `get` from several threads at once
+    _spawner = None            # the one thread that starts every starter (`_spawn`)
+
     @classmethod
     def get(cls, env:dict)->Optional["_WarmStarter"]:
         "The starter for a child with environment `env`, started if needed; None where children must be fresh interpreters."
-        if (env.get(_WARM_ENV, os.environ.get(_WARM_ENV, "1")) == "0" or not hasattr(os, "fork") or sys.platform != "linux"
-                or threading.current_thread() is not threading.main_thread()): return None   # a thread's children die with the thread
-        src = Path(__file__).parent
+        if env.get(_WARM_ENV, os.environ.get(_WARM_ENV, "1")) == "0" or not hasattr(os, "fork") or sys.platform != "linux": return None
+        import importlib.util   # where this runs inside its own chapter, `__file__` is absent: the installed package's source
+        src = Path(globals().get("__file__") or importlib.util.find_spec("spline_transformers").origin).parent
         stamp = max((f.stat().st_mtime_ns for f in src.glob("*.py")), default=0)   # edited source: a new starter imports it
         key = content_hash({"env": env, "cwd": os.getcwd(), "exe": sys.executable, "src": stamp, "pid": os.getpid()})
-        s = cls._all.pop(key, None)
-        if s is None or not s.alive: s = cls(env)
-        cls._all[key] = s
-        while len(cls._all) > cls.KEEP: cls._all.pop(next(iter(cls._all))).close()
-        return s if s.alive else None
+        with cls._lock:
+            s = cls._all.pop(key, None)
+            if s is None or not s.alive: s = cls(env)
+            cls._all[key] = s
+            while len(cls._all) > cls.KEEP: cls._all.pop(next(iter(cls._all))).close()
+            return s if s.alive else None
+
+    @classmethod
+    def _spawn(cls, start:Callable):
+        """`start()` run on one thread that lives as long as this process, whichever thread asks: Linux binds a child's
+        parent-death signal to the thread that forked it, so a starter forked by a short-lived thread (nbdev runs a chapter's
+        cells in one) would die with that thread; forked here, it dies with the process."""
+        if cls._spawner is None:
+            import concurrent.futures
+            cls._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="warm-starter-spawner")
+        return cls._spawner.submit(start).result()
 
     def close(self):
         "No more children from this starter: it ends when its running children have."
@@ -591,7 +605,8 @@ class _WarmStarter:
 
     def __init__(self, env:dict):
         if not _WarmStarter._all: atexit.register(_WarmStarter.close_all)
-        self.proc = subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.proc = self._spawn(lambda: subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024],
+                                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
         self.cond, self.replies, self.exits, self.n = threading.Condition(), {}, {}, 0
         threading.Thread(target=self._read, daemon=True, name="warm-starter-reports").start()
 
