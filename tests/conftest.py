@@ -55,8 +55,10 @@ def _reads(nb, name)->bool:
 def pytest_collection_modifyitems(config, items):
     """The docs-site tests run last (they reuse the chapters the notebook tests executed); the tests that read the smoke run
     come just before them, and those that read the quick demo before those, so that these runs (started in the background
-    by the first test) are done when they are needed. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
-    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it)))
+    by the first test) are done when they are needed; the other chapters come before those, after every other test, so
+    that while one worker drives JupyterLab (`quiet_cores`: no smoke reader and no site build beside it) the other still
+    has chapters to run instead of waiting for the smoke lock. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
+    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None))
     for it in items:
         if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")
                 or "browser" in getattr(it, "fixturenames", ())):

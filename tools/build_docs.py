@@ -3,16 +3,16 @@
     python tools/build_docs.py            # execute the chapters (or reuse fresh executions), render, check
     python tools/build_docs.py --flags "slow gpu"   # also run the cells tagged #| slow / #| gpu
 
-Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto exists):
 The book's notebooks sit in `nbs/` in one folder per part (`PARTS`, in reading order); the site keeps the folders, as
 Quarto does, and its sidebar shows each part as a section.
 
+Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto exists):
 1. Stage `nbs/` into `_build/nbs/` and execute every chapter there (nbdev's test runner, `save=True`), so the
    pages show outputs that match the committed code. A staged notebook already executed by the test suite
    (`tests/test_notebooks.py` executes into the same folder) is reused when its cell sources equal the source's.
-2. nbdev's own processing: `nbdev.yml`, the module index, `sidebar.yml` (written here: the parts as sections), `proc_nbs` → `_proc/` (renders `show_doc`,
-   `#| hide`, front matter). fastcore renders every class's `show_doc` as its constructor, `def Name(...)->None:`;
-   `render_classes` rewrites those blocks as classes: a dataclass as `@dataclass class Name:` with one line per field
+2. nbdev's own processing: `nbdev.yml`, the module index, `sidebar.yml` (written here: the parts as sections),
+   `proc_nbs` → `_proc/` (renders `show_doc`, `#| hide`, front matter). fastcore renders every class's `show_doc` as
+   its constructor, `def Name(...)->None:`; `render_classes` rewrites those blocks as classes: a dataclass as `@dataclass class Name:` with one line per field
    (type, default, docment), any other class as `class Name(Bases):` with its `def __init__(self, ...)`.
 3. Copy a local `plotly.min.js` (from the plotly wheel) and KaTeX (from the npm registry, cached in
    `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, point the parts' pages at those root
@@ -347,7 +347,7 @@ def render():
     import smalldocs.layout, smalldocs.site
     shutil.copy2(plotly_js(), PROC / "plotly.min.js")
     katex = vendor_katex()
-    smalldocs.layout.KATEX = "katex"   # pages sit at the site root; the default is a CDN
+    smalldocs.layout.KATEX = "katex"   # from the site's root (`reach_root_files` mends the parts' pages); the default is a CDN
     shutil.rmtree(DOCS, ignore_errors=True)
     site = smalldocs.site.build(str(PROC), quiet=True)
     built = Path(site.out if hasattr(site, "out") else PROC / "_docs")
