@@ -555,13 +555,16 @@ def _retitle(words:list):
         with open("/proc/self/mem", "r+b", buffering=0) as mem: mem.seek(start); mem.write(data.ljust(end - start, b"\0"))
     except (OSError, ValueError, IndexError): pass   # only `ps` loses
 
+
+# %% ../nbs/1_building_blocks/00_core.ipynb #0e9c51bf
+# Why one cell: one class, whose starters, spawner thread, lock and fork reset are one piece of shared state.
 class _WarmStarter:
     "One warm interpreter per environment, working directory and state of the package's source: it forks the children of this process."
     _all = {}   # key -> _WarmStarter, the most recently used last
     KEEP = 4   # starters kept at once (each holds torch's imports, ~0.3 GB): an older one is closed, and ends when its children have
 
     _lock = threading.Lock()   # `get` from several threads at once
-    _spawner = None            # the one thread that starts every starter (`_spawn`)
+    _spawner, _requests = None, None   # the one thread that starts every starter (`_spawn`), and its queue
 
     @classmethod
     def get(cls, env:dict)->Optional["_WarmStarter"]:
@@ -573,20 +576,42 @@ class _WarmStarter:
         key = content_hash({"env": env, "cwd": os.getcwd(), "exe": sys.executable, "src": stamp, "pid": os.getpid()})
         with cls._lock:
             s = cls._all.pop(key, None)
-            if s is None or not s.alive: s = cls(env)
+            if s is None or not s.alive:
+                try: s = cls(env)
+                except (OSError, RuntimeError): return None   # no starter: the child is a fresh interpreter
             cls._all[key] = s
             while len(cls._all) > cls.KEEP: cls._all.pop(next(iter(cls._all))).close()
             return s if s.alive else None
 
     @classmethod
     def _spawn(cls, start:Callable):
-        """`start()` run on one thread that lives as long as this process, whichever thread asks: Linux binds a child's
-        parent-death signal to the thread that forked it, so a starter forked by a short-lived thread (nbdev runs a chapter's
-        cells in one) would die with that thread; forked here, it dies with the process."""
-        if cls._spawner is None:
-            import concurrent.futures
-            cls._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="warm-starter-spawner")
-        return cls._spawner.submit(start).result()
+        """`start()` run on one daemon thread that lives as long as this process, whichever thread asks: Linux binds a
+        child's parent-death signal to the thread that forked it, so a starter forked by a short-lived thread (nbdev runs a
+        chapter's cells in one) would die with that thread; forked here, it dies with the process, after the exit handlers
+        (`close_all`) have let its running children finish."""
+        if cls._spawner is None or not cls._spawner.is_alive():   # first use, or a forked copy of this process (no threads)
+            import queue
+            cls._requests = queue.SimpleQueue()
+            cls._spawner = threading.Thread(target=cls._serve, args=(cls._requests,), daemon=True, name="warm-starter-spawner")
+            cls._spawner.start()
+        box, done = {}, threading.Event()
+        cls._requests.put((start, box, done)); done.wait()
+        if "error" in box: raise box["error"]
+        return box["value"]
+
+    @staticmethod
+    def _serve(requests):
+        "The spawner thread: run each queued `start`, hand back its value or its error."
+        while True:
+            start, box, done = requests.get()
+            try: box["value"] = start()
+            except BaseException as e: box["error"] = e
+            done.set()
+
+    @classmethod
+    def _forget(cls):
+        "In a forked child: the parent's starters, lock and spawner are not this process's."
+        cls._all, cls._lock, cls._spawner, cls._requests = {}, threading.Lock(), None, None
 
     def close(self):
         "No more children from this starter: it ends when its running children have."
@@ -627,7 +652,7 @@ class _WarmStarter:
         with self.cond:
             self.n += 1; rid = self.n
             try: self.proc.stdin.write((json.dumps({**request, "id": rid}) + "\n").encode()); self.proc.stdin.flush()
-            except (BrokenPipeError, OSError): return None
+            except (BrokenPipeError, OSError, ValueError): return None   # ValueError: closed meanwhile (another thread's `get`)
             while rid not in self.replies and self.alive: self.cond.wait(0.5)
             return (rid, self.replies.pop(rid)) if rid in self.replies else None
 
@@ -641,6 +666,9 @@ class _WarmStarter:
                 self.cond.wait(0.5 if left is None else min(left, 0.5))
             if rid in self.exits: return self.exits[rid]
             return None if self.alive else -int(signal.SIGKILL)   # the starter died, and its children with it (their parent-death signal)
+
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_WarmStarter._forget)
+
 
 # %% ../nbs/1_building_blocks/00_core.ipynb #21784527
 class ChildProcess:
@@ -668,10 +696,10 @@ class ChildProcess:
                                      "log": str(self.log), "cwd": os.getcwd(), "env": e, "folder": str(self.folder), "name": self.name})
             if started is not None: self.warm, self._pid = (starter, started[0]), started[1]
         if self.warm is None:
-            with open(self.log, "ab") as f:
-                self.proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer),
-                                              "" if threads is None else str(threads), self.name],
-                                             stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e)
+            with open(self.log, "ab") as f:   # started by the spawner thread, as the starters are: it dies with this process, not with the asking thread
+                self.proc = _WarmStarter._spawn(lambda: subprocess.Popen(
+                    [sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer), "" if threads is None else str(threads), self.name],
+                    stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e))
 
     @property
     def pid(self)->int:

@@ -1,7 +1,7 @@
 """Exact sequence interpolation: block counts, exactness on many datasets, the softmax temperature, validation, files.
 
-The construction lives in nbs/20_interpolation.ipynb (module spline_transformers.interpolation), its figures in
-nbs/21_interpolation_theory.ipynb (module spline_transformers.interpolation_theory)."""
+The construction lives in nbs/3_exact_interpolation/20_interpolation.ipynb (module spline_transformers.interpolation), its
+figures in nbs/3_exact_interpolation/21_interpolation_theory.ipynb (module spline_transformers.interpolation_theory)."""
 import importlib
 import json
 import math

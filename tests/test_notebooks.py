@@ -90,8 +90,8 @@ def test_there_are_chapters():
 
 def test_the_folders_of_nbs_are_the_parts_of_the_book():
     """`nbs/` is laid out by part (`build_docs.PARTS`): every chapter but the front page sits in a part's folder; the chapters
-    of `measured/` only read committed results (they build no module) and every other chapter builds one; and the folders
-    keep the chapters' numbers in reading order."""
+    of `measured/` report committed results and build no module, and every other chapter builds one; and the folders keep
+    the chapters' numbers in reading order."""
     for nb in NOTEBOOKS:
         rel = nb.relative_to(build_docs.NBS)
         if rel == Path("index.ipynb"): continue
@@ -101,6 +101,12 @@ def test_the_folders_of_nbs_are_the_parts_of_the_book():
     stems = [nb.stem for nb in NOTEBOOKS if nb.name != "index.ipynb"]
     assert stems == sorted(stems), "the parts' folders put the chapters out of their numbers' order"
     assert NOTEBOOKS[-1].name == "index.ipynb"
+
+
+def test_the_committed_sidebar_is_the_parts():
+    "`nbs/sidebar.yml` (what `nbdev-docs` shows; `custom_sidebar = true`) lists every chapter, a section a part, in reading order."
+    assert (build_docs.NBS / "sidebar.yml").read_text() == build_docs.sidebar_text(build_docs.NBS), \
+        "nbs/sidebar.yml is out of date: run `python tools/build_docs.py --sidebar`"
 
 
 def test_chapters_import_only_earlier_chapters():

@@ -15,8 +15,8 @@ Steps (Quarto cannot be installed here; `nbdev-docs` still works wherever Quarto
    its constructor, `def Name(...)->None:`; `render_classes` rewrites those blocks as classes: a dataclass as `@dataclass class Name:` with one line per field
    (type, default, docment), any other class as `class Name(Bases):` with its `def __init__(self, ...)`.
 3. Copy a local `plotly.min.js` (from the plotly wheel) and KaTeX (from the npm registry, cached in
-   `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, point the parts' pages at those root
-   files, and put the models the pages run (`spline_transformers/live/`, the editor chapter's `site_files`) beside the
+   `tools/vendor/`) into the site, render `_proc/` with `smalldocs` into `_docs/`, point the parts' pages at the root's
+   KaTeX, and put the models the pages run (`spline_transformers/live/`, the editor chapter's `site_files`) beside the
    pages that run them.
 """
 import argparse, dataclasses, importlib, json, os, re, shutil, subprocess, sys, tarfile, time
@@ -69,16 +69,17 @@ def page_path(nb:Path, folder=NBS)->str:
 
 def _tracked(folder:Path)->list:
     "The files of the book's source folder (not hidden ones): tracked by git or new, or every file where git cannot say (not a checkout)."
-    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], cwd=folder,
-                       capture_output=True, text=True)
-    rels = [Path(f) for f in r.stdout.split("\0") if f] if r.returncode == 0 else \
-           [p.relative_to(folder) for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
+    try: r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."], cwd=folder,
+                            capture_output=True, text=True)
+    except OSError: r = None   # no git
+    rels = [Path(f) for f in r.stdout.split("\0") if f] if r is not None and r.returncode == 0 else \
+           [p.relative_to(folder) for p in folder.rglob("*") if p.is_file()]
     return [rel for rel in rels if not any(part.startswith(".") for part in rel.parts) and (folder / rel).is_file()]
 
 
 def stage(force=False):
     """Copy `nbs/` (its parts' folders as they are) into `_build/nbs/`, keeping staged notebooks whose sources are unchanged
-    (they may hold fresh outputs); what the chapters write while running (data, runs, reports) is not copied."""
+    (they may hold fresh outputs); in a git checkout, what the chapters write while running (git ignores it) is not copied."""
     STAGE.mkdir(parents=True, exist_ok=True)
     wanted = set()
     for rel in _tracked(NBS):
@@ -175,10 +176,18 @@ def sidebar_contents(folder=STAGE)->list:
     return front + parts
 
 
-def write_sidebar(folder=STAGE):
-    "Write `sidebar.yml` (Quarto's format, which nbdev writes too) into `folder`: the parts as sections, in reading order."
+def sidebar_text(folder=NBS)->str:
+    """The book's `sidebar.yml` (Quarto's format): the parts as sections, in reading order. `nbs/sidebar.yml` is committed
+    (`custom_sidebar = true`: nbdev's own would name the sections by folder and drop the folders' numbers from the paths),
+    so that `nbdev-docs` shows the same sidebar; `python tools/build_docs.py --sidebar` writes it."""
     import yaml
-    (Path(folder) / "sidebar.yml").write_text(yaml.safe_dump({"website": {"sidebar": {"contents": sidebar_contents(folder)}}}, sort_keys=False))
+    head = "# Written by `python tools/build_docs.py --sidebar` from the parts' folders of nbs/ (build_docs.PARTS): do not edit.\n"
+    return head + yaml.safe_dump({"website": {"sidebar": {"contents": sidebar_contents(folder)}}}, sort_keys=False)
+
+
+def write_sidebar(folder=STAGE):
+    "Write `sidebar.yml` into `folder` (`nbs/`, or the stage the site is built from)."
+    (Path(folder) / "sidebar.yml").write_text(sidebar_text(folder))
 
 
 def process():
@@ -328,12 +337,13 @@ def name_pages_like_quarto():
     if text: sidebar.write_text(text)
 
 
-# What every page loads from the site's root, written in `_quarto.yml`'s header and by smalldocs as if the page sat there.
-ROOT_FILES = re.compile(r'(?P<attr>\b(?:src|href))="(?P<path>plotly\.min\.js|fit_figures\.js|katex/)')
+# KaTeX, which smalldocs links as `KATEX/...` from every page as if the page sat at the site's root. (`_quarto.yml`'s header
+# finds plotly.js and `fit_figures.js` from any folder itself, so that a Quarto build gets them right too.)
+ROOT_FILES = re.compile(r'(?P<attr>\b(?:src|href))="(?P<path>katex/)')
 
 
 def reach_root_files(site:Path):
-    "Point the pages of a part's folder at the root's plotly.js, `fit_figures.js` and KaTeX (`../` per level), as the root's pages do."
+    "Point the pages of a part's folder at the root's KaTeX (`../` per level), as the root's pages do."
     for page in Path(site).rglob("*.html"):
         depth = len(page.relative_to(site).parts) - 1
         if depth == 0 or page.relative_to(site).parts[0] in ("site_libs", "katex"): continue
@@ -389,7 +399,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flags", default="", help="cell flags to run, e.g. 'slow gpu' (default: skip them)")
     ap.add_argument("--force", action="store_true", help="re-execute every chapter")
+    ap.add_argument("--sidebar", action="store_true", help="only write nbs/sidebar.yml (after adding, moving or renaming a chapter)")
     a = ap.parse_args()
+    if a.sidebar: write_sidebar(NBS); print(NBS / "sidebar.yml"); raise SystemExit(0)
     run = set(a.flags.split())
     try: print(build(skip_flags=[f for f in SKIP_FLAGS if f not in run], force=a.force))
     except ChapterFailed as e: raise SystemExit(str(e)) from None
