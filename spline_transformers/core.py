@@ -556,15 +556,48 @@ def _retitle(words:list):
     except (OSError, ValueError, IndexError): pass   # only `ps` loses
 
 
+# %% ../nbs/1_building_blocks/00_core.ipynb #5247746f
+_spawner, _spawner_lock = None, threading.Lock()   # (thread, queue): the one thread that starts this process's children (`_spawn`)
+
+def _spawn(start:Callable):
+    """`start()` (a `subprocess.Popen`) run on one daemon thread that lives as long as this process, whichever thread asks:
+    Linux binds a child's parent-death signal to the thread that forked it, so a child forked by a short-lived thread (nbdev
+    runs a chapter's cells in one) would die with that thread; forked here, it dies with the process, after the exit
+    handlers (`_WarmStarter.close_all`) have let running children finish."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or not _spawner[0].is_alive():   # first use, or a forked copy of this process (no threads)
+            import queue
+            q = queue.SimpleQueue()
+            t = threading.Thread(target=_serve_spawns, args=(q,), daemon=True, name="process-spawner"); t.start()
+            _spawner = (t, q)
+        requests = _spawner[1]
+    box, done = {}, threading.Event()
+    requests.put((start, box, done)); done.wait()
+    if "error" in box: raise box["error"]
+    return box["value"]
+
+def _serve_spawns(requests):
+    "The spawner thread: run each queued `start`, hand back its value or its error."
+    while True:
+        start, box, done = requests.get()
+        try: box["value"] = start()
+        except BaseException as e: box["error"] = e
+        done.set()
+
+def _forget_spawner():
+    "In a forked child: the parent's spawner thread is not this process's (and its lock may have been held)."
+    global _spawner, _spawner_lock
+    _spawner, _spawner_lock = None, threading.Lock()
+
+
 # %% ../nbs/1_building_blocks/00_core.ipynb #0e9c51bf
-# Why one cell: one class, whose starters, spawner thread, lock and fork reset are one piece of shared state.
 class _WarmStarter:
     "One warm interpreter per environment, working directory and state of the package's source: it forks the children of this process."
     _all = {}   # key -> _WarmStarter, the most recently used last
     KEEP = 4   # starters kept at once (each holds torch's imports, ~0.3 GB): an older one is closed, and ends when its children have
 
     _lock = threading.Lock()   # `get` from several threads at once
-    _spawner, _requests = None, None   # the one thread that starts every starter (`_spawn`), and its queue
 
     @classmethod
     def get(cls, env:dict)->Optional["_WarmStarter"]:
@@ -584,34 +617,9 @@ class _WarmStarter:
             return s if s.alive else None
 
     @classmethod
-    def _spawn(cls, start:Callable):
-        """`start()` run on one daemon thread that lives as long as this process, whichever thread asks: Linux binds a
-        child's parent-death signal to the thread that forked it, so a starter forked by a short-lived thread (nbdev runs a
-        chapter's cells in one) would die with that thread; forked here, it dies with the process, after the exit handlers
-        (`close_all`) have let its running children finish."""
-        if cls._spawner is None or not cls._spawner.is_alive():   # first use, or a forked copy of this process (no threads)
-            import queue
-            cls._requests = queue.SimpleQueue()
-            cls._spawner = threading.Thread(target=cls._serve, args=(cls._requests,), daemon=True, name="warm-starter-spawner")
-            cls._spawner.start()
-        box, done = {}, threading.Event()
-        cls._requests.put((start, box, done)); done.wait()
-        if "error" in box: raise box["error"]
-        return box["value"]
-
-    @staticmethod
-    def _serve(requests):
-        "The spawner thread: run each queued `start`, hand back its value or its error."
-        while True:
-            start, box, done = requests.get()
-            try: box["value"] = start()
-            except BaseException as e: box["error"] = e
-            done.set()
-
-    @classmethod
     def _forget(cls):
-        "In a forked child: the parent's starters, lock and spawner are not this process's."
-        cls._all, cls._lock, cls._spawner, cls._requests = {}, threading.Lock(), None, None
+        "In a forked child: the parent's starters and lock are not this process's."
+        cls._all, cls._lock = {}, threading.Lock()
 
     def close(self):
         "No more children from this starter: it ends when its running children have."
@@ -630,8 +638,8 @@ class _WarmStarter:
 
     def __init__(self, env:dict):
         if not _WarmStarter._all: atexit.register(_WarmStarter.close_all)
-        self.proc = self._spawn(lambda: subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024],
-                                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+        self.proc = _spawn(lambda: subprocess.Popen([sys.executable, "-c", _WARM_CODE, str(os.getpid()), " " * 1024],
+                                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
         self.cond, self.replies, self.exits, self.n = threading.Condition(), {}, {}, 0
         threading.Thread(target=self._read, daemon=True, name="warm-starter-reports").start()
 
@@ -667,7 +675,7 @@ class _WarmStarter:
             if rid in self.exits: return self.exits[rid]
             return None if self.alive else -int(signal.SIGKILL)   # the starter died, and its children with it (their parent-death signal)
 
-if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_WarmStarter._forget)
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: (_WarmStarter._forget(), _forget_spawner()))
 
 
 # %% ../nbs/1_building_blocks/00_core.ipynb #21784527
@@ -697,7 +705,7 @@ class ChildProcess:
             if started is not None: self.warm, self._pid = (starter, started[0]), started[1]
         if self.warm is None:
             with open(self.log, "ab") as f:   # started by the spawner thread, as the starters are: it dies with this process, not with the asking thread
-                self.proc = _WarmStarter._spawn(lambda: subprocess.Popen(
+                self.proc = _spawn(lambda: subprocess.Popen(
                     [sys.executable, "-c", _CHILD_CODE, target, str(os.getpid()), str(self.answer), "" if threads is None else str(threads), self.name],
                     stdin=subprocess.PIPE, stdout=f, stderr=subprocess.STDOUT, env=e))
 

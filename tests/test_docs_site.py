@@ -304,14 +304,15 @@ def test_live_editors_answer_on_the_site(site, browser):
     assert {name for name, _, _ in LIVE} <= with_live, with_live
     with serve(site) as base:
         for name, k, dy in LIVE:
-            page, errors, outside = open_page(browser, url(base, site, page_file(site, name)), viewport=DESKTOP)
+            where = page_file(site, name)
+            page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
             console = console_errors(page)
             page.reload()                                   # with the console listened to from the start
-            n = len(re.findall(r"Plotly\.newPlot\(", page_file(site, name).read_text()))
+            n = len(re.findall(r"Plotly\.newPlot\(", where.read_text()))
             page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=30_000)
             ids = live_editors(page)
             assert len(ids) == 1, (name, ids)
-            before, after, lib = check_drag(page, ids[0], k, dy, site=page_file(site, name).parent)   # its model file is beside it
+            before, after, lib = check_drag(page, ids[0], k, dy, site=where.parent)   # its model file is beside it
             if SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_live_{Path(name).stem}.png"), full_page=False)
             assert not errors and not console, (name, errors, console)
             assert not outside, (name, outside)
@@ -324,10 +325,10 @@ def test_construction_runs_on_the_site(site, browser):
     used (`test_construction_page.check_against_library`); no request leaves 127.0.0.1, no console error."""
     from browser import console_errors
     from test_construction_page import playground_ids, build_in_page, check_against_library
-    name = "interpolation_theory.html"
-    assert "stConstruct.register(" in page_file(site, name).read_text()
+    where = page_file(site, "interpolation_theory.html")
+    assert "stConstruct.register(" in where.read_text()
     with serve(site) as base:
-        page, errors, outside = open_page(browser, url(base, site, page_file(site, name)), viewport=DESKTOP)
+        page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
         console = console_errors(page)
         page.reload()
         page.wait_for_function("() => window.stConstruct && Object.keys(window.stConstruct.specs).length > 0", timeout=60_000)
