@@ -149,13 +149,19 @@ def test_a_killed_summary_leaves_the_old_result_or_the_new(done_run, tmp_path):
     t0 = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, timeout=300); full = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr
     assert _consistent(out / NAME, {"new": new}) == "new"   # the same cells give the same result
-    rng, seen, n = random.Random(29), [], 8
-    for trial in range(n):   # back to the old result, then a run killed at a random moment of its life (one in each eighth of 0.5-1.1 x its time)
+    # Kill times home in on the moment the new result replaces the old, where a half-written folder would show: a kill that
+    # finds the old result moves the window's start to its time, one that finds the new moves the end (on a busy machine a
+    # run is slower or faster than the timed one, so a window that holds only one outcome widens on that side).
+    rng, seen, n, lo, hi = random.Random(29), [], 8, 0.4 * full, 1.2 * full
+    for trial in range(n):   # back to the old result, then a run killed at a random moment of the window
         shutil.rmtree(out / NAME); _copy(old_dir, out / NAME)
+        wait = lo + (hi - lo) * rng.uniform(0.25, 0.75)
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep((0.5 + 0.6 * (trial + rng.random()) / n) * full)
+        time.sleep(wait)
         p.send_signal(signal.SIGKILL); p.wait()
         seen.append(_consistent(out / NAME, {"old": old, "new": new}))
+        if seen[-1] == "old": lo, hi = wait, (hi if "new" in seen else max(hi, 1.5 * wait))
+        elif seen[-1] == "new": hi, lo = wait, (lo if "old" in seen else min(lo, wait / 1.5))
     assert "absent" not in seen, seen   # Linux swaps the folders in one step
     assert {"old", "new"} <= set(seen), f"the kill times missed the summary: {seen}"
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
