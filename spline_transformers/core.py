@@ -838,6 +838,27 @@ def cpp_extension_name(
                      str(Path(torch.__file__).parent.resolve()), *env, cpu])
     return prefix + hashlib.sha1(key.encode()).hexdigest()[:12]
 
+_BUILDING = threading.Lock()   # one build at a time in this process: the folder lock is re-entrant within a process
+
+@contextmanager
+def _hold_build_folder(
+    folder:Path, # an extension's build folder in torch's cache
+):
+    """Hold `folder`'s `FolderLock` (an OS lock that goes with its process, even a killed one), waiting for another
+    builder, and clear the `lock` file torch's `FileBaton` leaves when a build or load is killed: torch waits on it forever."""
+    with _BUILDING:
+        lock = FolderLock(folder, "C++ build folder")
+        while True:
+            try: lock.acquire(); break
+            except FolderInUse: time.sleep(0.1)   # another process builds or loads this extension: its turn first
+        try:
+            baton = folder / "lock"   # every builder of the package holds the folder lock first: a baton here is a dead one's
+            if baton.exists():
+                baton.unlink(missing_ok=True)
+                print(f"spline_transformers: removed the lock a killed build left in {folder}", file=sys.stderr, flush=True)
+            yield
+        finally: lock.release()
+
 def build_cpp_extension(
     prefix:str, # extension name prefix; a hash of source, flags, torch, Python environment and CPU is appended
     source:str, # C++ source (with the pybind11 bindings generated from `functions`)
@@ -852,12 +873,13 @@ def build_cpp_extension(
     if shutil.which(cxx) is None: return None, f"no C++ compiler found ({cxx!r} is not on PATH)"
     if not cpp_extension.is_ninja_available(): return None, "ninja is not installed (pip install ninja)"
     name = cpp_extension_name(prefix, source, flags)
-    built = (Path(cpp_extension._get_build_directory(name, False)) / f"{name}.so").exists()
+    folder = Path(cpp_extension._get_build_directory(name, False))
+    built = (folder / f"{name}.so").exists()
     t0 = time.time()
     if not built: print(f"spline_transformers: compiling the C++ kernel {name} (once per machine and environment; "
                         f"usually 20-60 s)...", file=sys.stderr, flush=True)
     try:
-        with warnings.catch_warnings():
+        with _hold_build_folder(folder), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             module = cpp_extension.load_inline(name=name, cpp_sources=source, functions=list(functions),
                                                extra_cflags=list(flags), extra_ldflags=["-fopenmp"], verbose=False)

@@ -1,5 +1,6 @@
 "Mechanics of the ground floor that need other processes: first-use compile notices and per-environment kernel builds."
-import subprocess, sys, textwrap, uuid
+import re, subprocess, sys, textwrap, uuid
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +38,7 @@ def test_extension_name_ignores_the_interpreters_path(monkeypatch, tmp_path):
     assert set(seen.values()) == {a}, (seen, a)
 
 
-def _build_in_fresh_process(source:str)->subprocess.CompletedProcess:
+def _build_in_fresh_process(source:str, timeout:float=600)->subprocess.CompletedProcess:
     "`build_cpp_extension` of `source` in a fresh interpreter, without torch's headers (pybind11's only: seconds, not a minute, to compile)."
     code = textwrap.dedent(f"""
         import functools
@@ -48,12 +49,12 @@ def _build_in_fresh_process(source:str)->subprocess.CompletedProcess:
         assert m is not None, why
         print(m.f())
     """)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
 def test_a_first_compile_is_announced_and_a_cached_one_is_silent():
-    "The first build says it is compiling and how long it took; the next process loads the cached build in silence."
+    "The first build says it is compiling and how long it took; the next process loads the cached build in silence, and a killed one's lock does not hang the next."
     from torch.utils import cpp_extension
     if not cpp_extension.is_ninja_available(): pytest.skip("ninja is not installed")
     source = f"#include <pybind11/pybind11.h>\nint f() {{ return 7; }} // {uuid.uuid4().hex}"
@@ -63,6 +64,13 @@ def test_a_first_compile_is_announced_and_a_cached_one_is_silent():
     second = _build_in_fresh_process(source)
     assert second.returncode == 0 and second.stdout.strip() == "7"
     assert "compil" not in second.stderr, second.stderr
+    # A process killed while it built or loaded leaves torch's `lock` file, on which torch's next load waits forever.
+    name = re.search(r"compiled (test_notice_\w+)", first.stderr)[1]
+    stale = Path(cpp_extension._get_build_directory(name, False)) / "lock"
+    stale.touch()
+    third = _build_in_fresh_process(source, timeout=120)
+    assert third.returncode == 0 and third.stdout.strip() == "7", third.stderr
+    assert "removed the lock a killed build left" in third.stderr and not stale.exists(), third.stderr
 
 
 def _in_fresh_process(code:str, **env)->str:
