@@ -389,10 +389,9 @@ def test_editor_chapter_live_in_jupyterlab(browser, quiet_cores):
 
         _resize_keeps_heights(page)                                              # (5)
 
-        # (4) Run All twice more: no edit appears that the cells did not make
-        for _ in range(2):
-            _run_all(page)
-            _check_after_run_all(page, EDITORS)
+        # (4) Run All again, after the edits: no edit appears that the cells did not make (issue 18: "run Run All twice")
+        _run_all(page)
+        _check_after_run_all(page, EDITORS)
         _shot(page, "item4_status_after_second_runall", ED)
 
         _nothing_went_wrong(page, errors, console, outside)                      # (3)
@@ -435,10 +434,9 @@ def test_widgets_chapter_live_in_jupyterlab(browser, quiet_cores):
         title = page.evaluate(f"() => {pl}._fullLayout.title.text")
         assert "seed 0" in title and "block" in title, title
 
-        # (4) Run All twice more: one animation per player, no stray figure
-        for _ in range(2):
-            _run_all(page)
-            _check_after_run_all(page, player=True)
+        # (4) Run All again, after Play and Pause: one animation per player, no stray figure (issue 18: "run Run All twice")
+        _run_all(page)
+        _check_after_run_all(page, player=True)
         _nothing_went_wrong(page, errors, console, outside)                      # (3)
         page.context.close()
 
