@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/4_interfaces/cli
 
 # %% ../nbs/4_interfaces/22_cli.ipynb #34d2a46c
 from __future__ import annotations
-import argparse, dataclasses, inspect, json, math, os, shlex, signal, sys, tempfile, threading, time
+import argparse, dataclasses, functools, inspect, json, math, os, shlex, signal, sys, tempfile, threading, time
 from dataclasses import replace
 from fastcore.docments import docments
 from importlib.resources import files as _package_files
@@ -362,13 +362,18 @@ FUNCTION_DEFAULTS = {  # the options that are a library function's parameter tak
     "split_seed": default_of(prepare, "seed"), "threshold": default_of(run_transfer, "threshold"), "demo_device": default_of(demo_config, "device"),
     "phase2_seeds": list(default_of(phase2, "seeds")), "transfer_seeds": list(default_of(run_transfer, "seeds"))}
 
+@functools.cache
+def _field_docs(cls:type)->dict:
+    "A config dataclass's docments, read once a process: `docments` parses the class's module (about 0.4 s each, and every parser needs three)."
+    return docments(cls)
+
 def add_config_options(
     g, # an argparse parser or argument group
     cls:type, # the config dataclass: TransformerConfig, TrainConfig or Phase1Config
     options:dict, # field -> how its value is read: an argparse type, `bool` or a tuple of choices
 ):
     "One option per field in `options`: `--field-name`, the field's docment as help, its default (or `CLI_DEFAULTS`')."
-    docs, fields_ = docments(cls), {f.name: f for f in dataclasses.fields(cls)}
+    docs, fields_ = _field_docs(cls), {f.name: f for f in dataclasses.fields(cls)}
     for name, kind in options.items():
         default, why = CLI_DEFAULTS.get(name, (fields_[name].default, None))
         text = (docs[name] or name).replace("%", "%%") + ("" if not why else f" (default: {why})" if default is None else f" (default: {default}; {why})")
