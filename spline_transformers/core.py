@@ -848,6 +848,13 @@ def cpp_extension_name(
 
 _BUILDING = threading.Lock()   # one build at a time in this process: the folder lock is re-entrant within a process
 
+def _forget_builds():
+    "In a forked child: a build another thread of the parent was running is not this process's (and its lock may have been held)."
+    global _BUILDING
+    _BUILDING = threading.Lock()
+
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_builds)
+
 @contextmanager
 def _hold_build_folder(
     folder:Path, # an extension's build folder in torch's cache
