@@ -7,6 +7,7 @@ import pytest
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+OFFLINE_ARGS = ["--proxy-server=http://127.0.0.1:9"]   # every request but loopback's (never proxied) goes to a closed port: it fails at once
 
 
 def chromium_path():
@@ -27,11 +28,26 @@ def require_browser():
         pytest.skip(msg)
 
 
+_SHARED = []   # the persistent contexts of `launch(cache=True)` now open
+
+
 @contextlib.contextmanager
-def launch():
-    "A headless Chromium browser (Playwright sync API)."
+def launch(cache:bool=False):
+    """A headless Chromium browser (Playwright sync API). With `cache`, one persistent context in a temporary profile instead:
+    its disk cache keeps V8's compiled code, so a site's pages after the first few do not compile plotly.js (4.8 MB, about
+    2.5 s a page) again; `open_page` opens each page in it (pages share storage: for static sites, not for JupyterLab).
+    Playwright's routing turns the cache off, so there a dead proxy, not a route, keeps requests on the machine."""
+    import tempfile
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
+        if cache:
+            with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+                ctx = pw.chromium.launch_persistent_context(profile, executable_path=chromium_path(), headless=True,
+                                                            args=CHROMIUM_ARGS + OFFLINE_ARGS)
+                _SHARED.append(ctx)
+                try: yield ctx
+                finally: _SHARED.remove(ctx); ctx.close()
+            return
         b = pw.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
         try: yield b
         finally: b.close()
@@ -157,15 +173,26 @@ def figure_layout(page):
 
 
 def open_page(browser, url, wait_until="load", viewport=None):
-    "Open `url` in a fresh context; returns (page, page errors, requests that would have left the machine — aborted)."
-    ctx = browser.new_context(**({"viewport": viewport} if viewport else {}))
+    """Open `url` in a fresh context (a fresh page of `launch(cache=True)`'s one context); returns (page, page errors, requests
+    that would have left the machine — aborted). Close it with `close_page`."""
     outside, errors = [], []
-    ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-              else route.continue_())
-    page = ctx.new_page()
+    if hasattr(browser, "new_context"):   # a Browser: a context of the page's own, whose route aborts what would leave
+        page = browser.new_context(**({"viewport": viewport} if viewport else {})).new_page()
+        page.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
+                   else route.continue_())
+    else:                                 # the persistent context of `launch(cache=True)`: its dead proxy fails what would leave
+        page = browser.new_page()
+        if viewport: page.set_viewport_size(viewport)
+        page.on("request", lambda r: outside.append(r.url) if not is_loopback(r.url) else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until=wait_until)
     return page, errors, outside
+
+
+def close_page(page):
+    "Close a page `open_page` opened, with its own context (not `launch(cache=True)`'s shared one)."
+    if any(page.context is c for c in _SHARED): page.close()   # the shared context outlives its pages
+    else: page.context.close()
 
 
 def console_errors(page):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_docs, shared_dir
-from browser import require_browser, launch, serve, open_page, column_overflow, table_padding, figure_layout
+from browser import require_browser, launch, serve, open_page, close_page, column_overflow, table_padding, figure_layout
 
 pytestmark = [pytest.mark.docs, pytest.mark.browser, pytest.mark.timeout(1800)]
 
@@ -24,8 +24,15 @@ def site():
 
 @pytest.fixture(scope="module")
 def browser():
+    "One Chromium profile for the module: pages after the first few reuse its compiled plotly.js (`launch(cache=True)`)."
     require_browser()
-    with launch() as b: yield b
+    with launch(cache=True) as b: yield b
+
+
+@pytest.fixture(scope="module")
+def base(site):
+    "The site served for the whole module, at one address (the browser's cache is kept per address)."
+    with serve(site) as b: yield b
 
 
 def pages(site):
@@ -118,23 +125,22 @@ SIGNATURE = ("(i) => { const g = " + ANIMATED + "[i]; const s = (g._fullLayout.s
              "return JSON.stringify([s ? s.active : null, g._fullData.map(t => [t.x && Array.from(t.x).slice(0, 8), t.y && Array.from(t.y).slice(0, 8)])]); }")
 
 
-def test_animations_play(site, browser):
+def test_animations_play(site, browser, base):
     "Every figure with frames has a Play button; pressing it moves the figure to a later frame."
     checked = 0
-    with serve(site) as base:
-        for p in pages(site):
-            if 'Plotly.addFrames' not in p.read_text(): continue
-            page, errors, _ = _visit(browser, url(base, site, p))
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=20000)
-            for i in range(page.evaluate(ANIMATED + ".length")):
-                before = page.evaluate(SIGNATURE, i)
-                page.evaluate("(i) => { const g = " + ANIMATED + "[i]; g.scrollIntoView(); "
-                              "g.querySelector('.updatemenu-button').dispatchEvent(new MouseEvent('click', {bubbles: true})); }", i)
-                page.wait_for_timeout(1500)
-                assert page.evaluate(SIGNATURE, i) != before, f"{p.name}: animation {i} did not move after pressing Play"
-                checked += 1
-            assert not errors, f"{p.name}: {errors}"
-            page.context.close()
+    for p in pages(site):
+        if 'Plotly.addFrames' not in p.read_text(): continue
+        page, errors, _ = _visit(browser, url(base, site, p))
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=20000)
+        for i in range(page.evaluate(ANIMATED + ".length")):
+            before = page.evaluate(SIGNATURE, i)
+            page.evaluate("(i) => { const g = " + ANIMATED + "[i]; g.scrollIntoView(); "
+                          "g.querySelector('.updatemenu-button').dispatchEvent(new MouseEvent('click', {bubbles: true})); }", i)
+            page.wait_for_timeout(1500)
+            assert page.evaluate(SIGNATURE, i) != before, f"{p.name}: animation {i} did not move after pressing Play"
+            checked += 1
+        assert not errors, f"{p.name}: {errors}"
+        close_page(page)
     if checked == 0: pytest.skip("no chapter has an animation yet")
 
 
@@ -162,7 +168,7 @@ VISIT_SHARES = 4   # the pages are visited in this many shares, every page in on
 
 
 @pytest.fixture(scope="module")
-def visits(site, browser, tmp_path_factory):
+def visits(site, browser, base, tmp_path_factory):
     """`visit_pages`, once for the whole test run: each worker that asks claims the shares of the pages that no worker has
     claimed yet and visits them in its module's browser (so that under pytest-xdist both workers visit at once, where a lock
     would leave one idle), then waits for the others' shares; the problems of every share, merged. (The `browser` fixture
@@ -173,7 +179,7 @@ def visits(site, browser, tmp_path_factory):
     for i in range(VISIT_SHARES):
         try: (shared / f"{i}.claimed").mkdir()   # atomic: one worker visits each share
         except FileExistsError: continue
-        try: found = visit_pages(site, browser, every[i::VISIT_SHARES])
+        try: found = visit_pages(site, browser, base, every[i::VISIT_SHARES])
         except BaseException as e:   # say so, or the other worker would wait for this share until its timeout
             (shared / f"{i}.error").write_text(f"{type(e).__name__}: {e}"); raise
         (shared / f"{i}.json.tmp").write_text(json.dumps(found)); (shared / f"{i}.json.tmp").rename(shared / f"{i}.json")
@@ -189,25 +195,24 @@ def visits(site, browser, tmp_path_factory):
     return merged
 
 
-def visit_pages(site, browser, only=None)->dict:
+def visit_pages(site, browser, base, only=None)->dict:
     """Each page opened once, for every check that reads a page as it stands (one load a page, not one a check): loaded at a
     desktop width for `_render_problems` and `CHECKS`; then, if it has a figure, narrowed to 900 px with its sidebar opened
     over the page and widened to 992 px (`test_figures_fit_narrow_windows`). Returns the problems each check finds, as
     `{check: ["page: problem"]}` (checks: render, overflow, tables, figures, narrow); `only`: these pages (default: all)."""
     found = {k: [] for k in ("render", *CHECKS, "narrow")}
-    with serve(site) as base:
-        for p in (pages(site) if only is None else only):
-            html = p.read_text()
-            n = len(re.findall(r"Plotly\.newPlot\(", html))
-            page, errors, outside = open_page(browser, url(base, site, p), viewport=DESKTOP)
-            _wait_drawn(page, n)
-            checks = {"render": lambda page: _render_problems(page, html, n, errors, outside), **CHECKS}
-            if n: checks["narrow"] = lambda page: [f for viewport, sidebar in NARROW for f in _narrow_problems(page, viewport, sidebar)]
-            for name, check in checks.items():
-                problems = check(page)
-                found[name] += [f"{p.name}: {f}" for f in problems]
-                if problems and SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_{name}_{p.stem}.png"), full_page=True)
-            page.context.close()
+    for p in (pages(site) if only is None else only):
+        html = p.read_text()
+        n = len(re.findall(r"Plotly\.newPlot\(", html))
+        page, errors, outside = open_page(browser, url(base, site, p), viewport=DESKTOP)
+        _wait_drawn(page, n)
+        checks = {"render": lambda page: _render_problems(page, html, n, errors, outside), **CHECKS}
+        if n: checks["narrow"] = lambda page: [f for viewport, sidebar in NARROW for f in _narrow_problems(page, viewport, sidebar)]
+        for name, check in checks.items():
+            problems = check(page)
+            found[name] += [f"{p.name}: {f}" for f in problems]
+            if problems and SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_{name}_{p.stem}.png"), full_page=True)
+        close_page(page)
     return found
 
 
@@ -251,15 +256,14 @@ def test_findings_page_is_a_table_to_read(site):
     assert first_code == -1 or m.start() < first_code, "code comes before the table"
 
 
-def test_findings_table_fits_the_column(site, browser):
+def test_findings_table_fits_the_column(site, browser, base):
     "Issue 28 (9): the findings table is read without scrolling sideways: it fits the text column, its links are in view."
-    with serve(site) as base:
-        page = _open_drawn(browser, base, site, page_file(site, "findings.html"))
-        fit = page.evaluate("""() => { const t = document.querySelector('main table.findings'), m = document.querySelector('main');
-            if (!t) return null; const right = m.getBoundingClientRect().left + m.clientWidth;
-            return {table: t.getBoundingClientRect().right, box: t.parentElement.scrollWidth - t.parentElement.clientWidth, right,
-                    links: [...t.querySelectorAll('a')].filter(a => a.getBoundingClientRect().right > right + 1).map(a => a.textContent)}; }""")
-        page.context.close()
+    page = _open_drawn(browser, base, site, page_file(site, "findings.html"))
+    fit = page.evaluate("""() => { const t = document.querySelector('main table.findings'), m = document.querySelector('main');
+        if (!t) return null; const right = m.getBoundingClientRect().left + m.clientWidth;
+        return {table: t.getBoundingClientRect().right, box: t.parentElement.scrollWidth - t.parentElement.clientWidth, right,
+                links: [...t.querySelectorAll('a')].filter(a => a.getBoundingClientRect().right > right + 1).map(a => a.textContent)}; }""")
+    close_page(page)
     assert fit is not None, "no findings table on findings.html"
     assert fit["table"] <= fit["right"] + 1 and fit["box"] <= 1 and not fit["links"], fit
 
@@ -293,7 +297,7 @@ def test_figures_fit_narrow_windows(visits):
 LIVE = (("editor.html", 16, -50), ("add.html", 22, 70))   # page, knot, pixels to drag it (the sin(2x) fit's x = 0; ADD's spike at x = 0.6)
 
 
-def test_live_editors_answer_on_the_site(site, browser):
+def test_live_editors_answer_on_the_site(site, browser, base):
     """Issue 28 (1, 4): with no kernel, a knot dragged with the mouse in the editor chapter's (10a) "Break GeLU" editor and in chapter 11's
     ADD editor changes the loss or accuracy the page computes and shows, and it equals the library's for the spline the page
     used within 1e-4 (`live_page.check_drag`); the model file comes from beside the page; no request leaves 127.0.0.1, no
@@ -302,24 +306,23 @@ def test_live_editors_answer_on_the_site(site, browser):
     from live_page import live_editors, check_drag
     with_live = {p.name for p in pages(site) if "stLive.register(" in p.read_text()}
     assert {name for name, _, _ in LIVE} <= with_live, with_live
-    with serve(site) as base:
-        for name, k, dy in LIVE:
-            where = page_file(site, name)
-            page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
-            console = console_errors(page)
-            page.reload()                                   # with the console listened to from the start
-            n = len(re.findall(r"Plotly\.newPlot\(", where.read_text()))
-            page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=30_000)
-            ids = live_editors(page)
-            assert len(ids) == 1, (name, ids)
-            before, after, lib = check_drag(page, ids[0], k, dy, site=where.parent)   # its model file is beside it
-            if SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_live_{Path(name).stem}.png"), full_page=False)
-            assert not errors and not console, (name, errors, console)
-            assert not outside, (name, outside)
-            page.context.close()
+    for name, k, dy in LIVE:
+        where = page_file(site, name)
+        page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
+        console = console_errors(page)
+        page.reload()                                   # with the console listened to from the start
+        n = len(re.findall(r"Plotly\.newPlot\(", where.read_text()))
+        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n}", timeout=30_000)
+        ids = live_editors(page)
+        assert len(ids) == 1, (name, ids)
+        before, after, lib = check_drag(page, ids[0], k, dy, site=where.parent)   # its model file is beside it
+        if SHOTS: page.screenshot(path=str(Path(SHOTS) / f"site_live_{Path(name).stem}.png"), full_page=False)
+        assert not errors and not console, (name, errors, console)
+        assert not outside, (name, outside)
+        close_page(page)
 
 
-def test_construction_runs_on_the_site(site, browser):
+def test_construction_runs_on_the_site(site, browser, base):
     """Issue 28 (2): with no kernel, the playground of chapter 21 builds the hardmax interpolator for its data when **build**
     is pressed, and its block count, formula and every token's end (within 1e-6) are the library's for the dataset the page
     used (`test_construction_page.check_against_library`); no request leaves 127.0.0.1, no console error."""
@@ -327,16 +330,15 @@ def test_construction_runs_on_the_site(site, browser):
     from test_construction_page import playground_ids, build_in_page, check_against_library
     where = page_file(site, "interpolation_theory.html")
     assert "stConstruct.register(" in where.read_text()
-    with serve(site) as base:
-        page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
-        console = console_errors(page)
-        page.reload()
-        page.wait_for_function("() => window.stConstruct && Object.keys(window.stConstruct.specs).length > 0", timeout=60_000)
-        ids = playground_ids(page)
-        assert len(ids) == 1, ids
-        T = check_against_library(build_in_page(page, ids[0]))
-        assert T.n_blocks == 15
-        if SHOTS: page.screenshot(path=str(Path(SHOTS) / "site_construction.png"), full_page=False)
-        assert not errors and not console, (errors, console)
-        assert not outside, outside
-        page.context.close()
+    page, errors, outside = open_page(browser, url(base, site, where), viewport=DESKTOP)
+    console = console_errors(page)
+    page.reload()
+    page.wait_for_function("() => window.stConstruct && Object.keys(window.stConstruct.specs).length > 0", timeout=60_000)
+    ids = playground_ids(page)
+    assert len(ids) == 1, ids
+    T = check_against_library(build_in_page(page, ids[0]))
+    assert T.n_blocks == 15
+    if SHOTS: page.screenshot(path=str(Path(SHOTS) / "site_construction.png"), full_page=False)
+    assert not errors and not console, (errors, console)
+    assert not outside, outside
+    close_page(page)
