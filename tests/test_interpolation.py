@@ -720,7 +720,7 @@ LAYOUT_JS = """gd => {
 def test_theory_figures_lay_out_cleanly(tmp_path, width):
     import sys, shutil, plotly
     sys.path.insert(0, str(ROOT / "tests"))
-    from browser import require_browser, launch, serve, open_page
+    from browser import require_browser, launch, serve, open_page, close_page
     require_browser()
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", tmp_path / "plotly.min.js")
     figs = _theory_figures()
@@ -730,7 +730,7 @@ def test_theory_figures_lay_out_cleanly(tmp_path, width):
                                                f'<body style="margin:0"><div style="width:{width}px">{div}</div></body></html>')
     overlaps = lambda a, b: a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
     problems = []
-    with launch() as browser, serve(tmp_path) as url:
+    with launch(cache=True) as browser, serve(tmp_path) as url:   # one profile: plotly.js compiled for the first few pages, reused after
         for name in figs:
             page, errors, outside = open_page(browser, f"{url}/{name}.html", viewport={"width": width + 40, "height": 900})
             page.wait_for_function(f"document.getElementById('{name}')._fullLayout !== undefined")
@@ -745,7 +745,7 @@ def test_theory_figures_lay_out_cleanly(tmp_path, width):
                 for text, (x0, y0, x1, y1) in got["labels"]:
                     if not (x0 >= l - 0.5 and x1 <= r + 0.5 and y0 >= top - 0.5 and y1 <= b + 0.5):
                         problems.append(f"{name} at {width}px: label {text!r} {[x0, y0, x1, y1]} is cut off by the plot area {got['plot']}")
-            page.context.close()
+            close_page(page)
     assert not problems, "\n".join(problems)
 
 
