@@ -1,4 +1,4 @@
-import contextlib, fcntl, json, os, re, shlex, signal, subprocess, sys, time
+import contextlib, fcntl, json, os, re, shlex, shutil, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -58,11 +58,25 @@ def pytest_collection_modifyitems(config, items):
     by the first test) are done when they are needed; the other chapters come before those, after every other test, so
     that while one worker drives JupyterLab (`quiet_cores`: no smoke reader and no site build beside it) the other still
     has chapters to run instead of waiting for the smoke lock. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
-    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None))
+    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None,
+                               _long_first(it)))
     for it in items:
         if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")
                 or "browser" in getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.slow)   # chapters, the shared runs' readers, the site and the browser: not in the inner loop
+
+
+# Chapters that take a minute or more on 2 cores (the chapter times of earlier runs, `_build/chapter_times/`): handed out first
+# among the chapters, so that the workers' last chapters are short ones and end together, instead of one worker running a
+# long chapter at the end while the other waits for it to build the site.
+LONG_CHAPTERS = ("08_two_phase", "21_interpolation_theory", "07_train", "20_interpolation")
+
+
+def _long_first(item)->int:
+    "A chapter's place in `LONG_CHAPTERS` (every other test and chapter after them, in its own order)."
+    nb = _chapter(item)
+    stem = Path(nb).stem if nb else None
+    return LONG_CHAPTERS.index(stem) if stem in LONG_CHAPTERS else len(LONG_CHAPTERS)
 
 
 # ---------------------------------------------------------------- runs shared by the whole session (and every xdist worker)
@@ -158,20 +172,23 @@ def _smoke_done(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def exclusive(path:Path):
-    "Hold an exclusive lock on file `path` (across processes: the xdist workers)."
+def file_lock(path:Path, shared:bool=False):
+    "Hold an exclusive lock on file `path` (across processes: the xdist workers), or with `shared` one that readers share."
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture
-def smoke_run(_smoke_done, tmp_path_factory):
-    """The session's one `spline-transformers reproduce all --size smoke --jobs 2 --out <folder>`: (results folder,
-    CompletedProcess). Every test and chapter that needs a smoke run reads this one, one test at a time (a `reproduce`
-    in the folder locks it)."""
-    with exclusive(shared_dir(tmp_path_factory) / "smoke.lock"): yield _smoke_done
+def smoke_run(_smoke_done, tmp_path_factory, tmp_path):
+    """The session's one `spline-transformers reproduce all --size smoke --jobs 2 --out <folder>`: (a copy of its results
+    folder, CompletedProcess). Every test and chapter that needs a smoke run reads a copy of this one (about 9 MB), so they
+    run side by side (a `reproduce` in a folder locks it); they share `smoke.lock`, which `quiet_cores` takes alone."""
+    out, r = _smoke_done
+    copy = tmp_path / "smoke_results"
+    if out.is_dir(): shutil.copytree(out, copy, symlinks=True)
+    with file_lock(shared_dir(tmp_path_factory) / "smoke.lock", shared=True): yield copy, r
 
 
 @pytest.fixture(scope="session")
@@ -211,7 +228,7 @@ def quiet_cores(tmp_path_factory):
     JupyterLab take both locks, so neither runs beside them (the order is smoke then site: no other holder takes both)."""
     if not WORKER: yield; return
     shared = shared_dir(tmp_path_factory)
-    with exclusive(shared / "smoke.lock"), exclusive(shared / "site.lock"): yield
+    with file_lock(shared / "smoke.lock"), file_lock(shared / "site.lock"): yield
 
 
 _build_site = build_docs.build
@@ -221,7 +238,7 @@ def _build_once(*args, **kwargs):
     "Under xdist, the docs tests may run on both workers: the first builds the site, the other waits for it and reuses it."
     if not WORKER: return _build_site(*args, **kwargs)
     shared = shared_dir(_config._tmp_path_factory)
-    with exclusive(shared / "site.lock"):
+    with file_lock(shared / "site.lock"):
         built = shared / "site_built"
         if built.is_file(): return Path(built.read_text())
         site = _build_site(*args, **kwargs)
