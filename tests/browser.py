@@ -174,12 +174,13 @@ def figure_layout(page):
 
 def open_page(browser, url, wait_until="load", viewport=None):
     """Open `url` in a fresh context (a fresh page of `launch(cache=True)`'s one context); returns (page, page errors, requests
-    that would have left the machine — aborted). Close it with `close_page`."""
+    that would have left the machine — aborted, or failed at the dead proxy). Close it with `close_page`."""
     outside, errors = [], []
     if hasattr(browser, "new_context"):   # a Browser: a context of the page's own, whose route aborts what would leave
-        page = browser.new_context(**({"viewport": viewport} if viewport else {})).new_page()
-        page.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
-                   else route.continue_())
+        ctx = browser.new_context(**({"viewport": viewport} if viewport else {}))
+        ctx.route("**/*", lambda route: (outside.append(route.request.url), route.abort()) if not is_loopback(route.request.url)
+                  else route.continue_())
+        page = ctx.new_page()
     else:                                 # the persistent context of `launch(cache=True)`: its dead proxy fails what would leave
         page = browser.new_page()
         if viewport: page.set_viewport_size(viewport)
