@@ -57,8 +57,7 @@ def pytest_collection_modifyitems(config, items):
     come just before them, and those that read the quick demo before those, so that these runs (started in the background
     by the first test) are done when they are needed; the other chapters come before those, after every other test, so
     that while one worker drives JupyterLab (`quiet_cores`: no smoke reader and no site build beside it) the other still
-    has chapters to run instead of waiting for the smoke lock. Under pytest-xdist (`--dist load --maxschedchunk 1`) tests are
-    handed out in this order, one at a time as a worker frees up."""
+    has chapters to run instead of waiting for the smoke lock. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
     items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None,
                                _long_first(it)))
     for it in items:
