@@ -58,25 +58,11 @@ def pytest_collection_modifyitems(config, items):
     by the first test) are done when they are needed; the other chapters come before those, after every other test, so
     that while one worker drives JupyterLab (`quiet_cores`: no smoke reader and no site build beside it) the other still
     has chapters to run instead of waiting for the smoke lock. Under pytest-xdist (`--dist load`) tests are handed out in this order."""
-    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None,
-                               _long_first(it)))
+    items.sort(key=lambda it: (it.get_closest_marker("docs") is not None, needs_smoke(it), needs_demo(it), _chapter(it) is not None))
     for it in items:
         if (_chapter(it) or needs_smoke(it) or needs_demo(it) or it.get_closest_marker("docs") or it.get_closest_marker("browser")
                 or "browser" in getattr(it, "fixturenames", ())):
             it.add_marker(pytest.mark.slow)   # chapters, the shared runs' readers, the site and the browser: not in the inner loop
-
-
-# Chapters that take a minute or more on 2 cores (the chapter times of earlier runs, `_build/chapter_times/`): handed out first
-# among the chapters, so that the workers' last chapters are short ones and end together, instead of one worker running a
-# long chapter at the end while the other waits for it to build the site.
-LONG_CHAPTERS = ("08_two_phase", "21_interpolation_theory", "07_train", "20_interpolation")
-
-
-def _long_first(item)->int:
-    "A chapter's place in `LONG_CHAPTERS` (every other test and chapter after them, in its own order)."
-    nb = _chapter(item)
-    stem = Path(nb).stem if nb else None
-    return LONG_CHAPTERS.index(stem) if stem in LONG_CHAPTERS else len(LONG_CHAPTERS)
 
 
 # ---------------------------------------------------------------- runs shared by the whole session (and every xdist worker)
