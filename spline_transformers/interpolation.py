@@ -410,17 +410,23 @@ def forward_many(self:ExactInterpolator, Xs)->list:
     return [Z[off[j]:off[j+1]] for j in range(len(xs))]
 
 @patch
+def output_sequence(self:ExactInterpolator, out)->torch.Tensor:
+    "The output sequence read off a forward pass's tokens `out` (n, d): the distinct ones, de-duplicated at 1e-7 * scale, in order of first occurrence."
+    if out.ndim != 2: raise ValueError(f"output_sequence takes one sequence's output tokens (n, d), got shape {tuple(out.shape)}; loop over a batch")
+    return torch.from_numpy(distinct_points(out.detach().numpy(), TOL_DEDUP * self.scale))
+
+@patch
 def predict(self:ExactInterpolator, X)->torch.Tensor:
-    "The distinct output tokens (de-duplicated at 1e-7 * scale, in order of first occurrence): the output sequence."
+    "The output sequence of the input sequence `X` (n, d): its forward pass, read off by `output_sequence`."
     out = self(X)
     if out.ndim != 2: raise ValueError("predict takes one sequence (n, d); loop over a batch")
-    return torch.from_numpy(distinct_points(out.detach().numpy(), TOL_DEDUP * self.scale))
+    return self.output_sequence(out)
 
 @patch
 def verify(self:ExactInterpolator, X, Y)->np.ndarray:
     "Hausdorff distance between the distinct outputs and the targets, for every pair (X[j], Y[j])."
     outs = self.forward_many(X)
-    return np.array([hausdorff(distinct_points(o.numpy(), TOL_DEDUP * self.scale), y) for o, y in zip(outs, Y)])
+    return np.array([hausdorff(self.output_sequence(o).numpy(), y) for o, y in zip(outs, Y)])
 
 # %% ../nbs/3_exact_interpolation/20_interpolation.ipynb #32edc636
 def expected_blocks(

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from spline_transformers.interpolation import (
     ConstructionError, DatasetFileError, ExactInterpolator, InsufficientMemoryError, InterpAttention, InterpBlock, InterpolationDataError, STAGES,
-    TOL_DEDUP, available_memory, build_interpolator, build_memory_estimate, distinct_points, expected_blocks, hardmax_weights, hausdorff,
+    available_memory, build_interpolator, build_memory_estimate, expected_blocks, hardmax_weights, hausdorff,
     interpolate_file, largest_exact_tau, load_dataset_file, params_per_block, random_dataset, save_dataset_file, softmax_weights, tau_bound,
     time_builds, toy_dataset, validate_dataset)
 
@@ -30,18 +30,13 @@ def scale_of(X, Y):
     return max([1.0] + [float(np.abs(a).max()) for a in list(X) + list(Y)])
 
 
-def predicted(T, out)->torch.Tensor:
-    "`T.predict`'s output sequence from `out`, the forward pass already run (`test_trajectory_and_predict` pins the two equal)."
-    return torch.from_numpy(distinct_points(out.detach().numpy(), TOL_DEDUP * T.scale))
-
-
 def assert_exact(T, X, Y, bitwise=None):
     "Every sequence's distinct outputs equal its targets within REL * scale, and there are exactly m_j of them."
     s = scale_of(X, Y)
     for j, (x, y) in enumerate(zip(X, Y)):
         out = T(x)
         assert out.shape == x.shape and out.dtype == torch.float64
-        pred = predicted(T, out)   # one forward pass a sequence, not a second one inside `predict`
+        pred = T.output_sequence(out)   # one forward pass a sequence, not a second one inside `predict`
         assert len(pred) == len(y), f"sequence {j}: {len(pred)} distinct outputs for {len(y)} targets"
         err = hausdorff(pred, y)
         assert err <= REL * s, f"sequence {j}: Hausdorff {err:.2e} > {REL * s:.1e}"
@@ -528,7 +523,7 @@ def test_trajectory_and_predict():
     with pytest.raises(ValueError, match="'layer', 'block'"): T.trajectory(X[0], per="frame")
     p = T.predict(X[2])
     assert isinstance(p, torch.Tensor) and p.shape == (2, 2)
-    for x in X: torch.testing.assert_close(T.predict(x), predicted(T, T(x)), rtol=0, atol=0)   # what `assert_exact` relies on
+    for x in X: torch.testing.assert_close(T.predict(x), T.output_sequence(T(x)), rtol=0, atol=0)   # what `assert_exact` relies on
 
 
 def test_hausdorff():
