@@ -737,7 +737,7 @@ def cmd_reproduce(a)->int:
             cost = f", measured {r.measured_cell_s / 60:.0f} min of cell time" if isinstance(r.measured_cell_s, (int, float)) and r.measured_cell_s == r.measured_cell_s else ""
             known = lambda x: x is not None and x == x   # neither None nor NaN
             plan = (f"{int(r.seeds)} seeds (its power plan asks for {int(r.planned_seeds) if known(r.planned_seeds) else 'no number'}), "
-                    f"{'registered ' + r.registered if known(r.registered) else 'not registered'}") if known(r.seeds) else "a runner kind: no verdict"
+                    f"{'registered ' + r.registered if known(r.registered) else 'not registered'}, {r.status}") if known(r.seeds) else f"a runner kind: no verdict, {r.status}"
             print(f"{r.name:12s} {r.task or 'all tasks':12s} {r.cells:4d} cells at {a.size}{cost}\n{'':12s} {plan}\n{'':12s} {r.claim}")
         for n, c in CONTRASTS.items():   # claims decided across experiments: nothing to run, registered like experiments
             reg = registration(n, out, a.size)

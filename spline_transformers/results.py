@@ -26,7 +26,7 @@ import torch
 from .core import atomic_write, check_option
 from .model import Nonlinearities, PEER_ZOO, zoo_dir, load_peer
 from .experiments import EXPERIMENTS, CONTRASTS, cells, read_json, read_table, table_file
-from .runner import KINDS, kind_named, work_cells
+from .runner import KINDS, kind_named, work_cells, run_progress
 from .stats import per_seed, decide_contrast
 from .experiments import registration
 from . import registry  # the book's experiments, registered on import
@@ -91,16 +91,18 @@ def experiments_table(
     size:str="cpu", # the size whose cells are counted
     root:Optional[Union[str,Path]]="results", # where committed results are read from (their measured cell time)
 )->pd.DataFrame:
-    "One row per experiment (and runner `Kind`): name, claim, cells at `size`, seeds and the seeds its power plan asks for, its registration, when its cells ran and were decided, and their measured cell time."
+    "One row per experiment (and runner `Kind`): name, claim, cells at `size`, seeds and the seeds its power plan asks for, its registration, its status, when its cells ran and were decided, and their measured cell time."
     rows = []
     for n, e in {**EXPERIMENTS, **KINDS}.items():
         p = Path(root) / n / "provenance.json" if root is not None else None
         prov = read_json(p, "provenance") if p is not None and p.is_file() else {}
         mine = prov.get("size") == size
         reg = registration(n, root, size) if root is not None and n in EXPERIMENTS else None
+        run = run_progress(n, root, size) if root is not None and not mine else None   # a run in progress: its cells done so far
         rows.append({"name": n, "task": e.task, "claim": e.claim, "cells": len(work_cells(e, size)),
                      "seeds": len(e.setting(size).seeds) if n in EXPERIMENTS else None, "planned_seeds": getattr(e, "planned_seeds", None),
                      "registered": f"{reg['commit'][:10]} ({reg['date'][:10]})" if reg else None,
+                     "status": "decided" if mine else f"running: {run['done']} of {run['cells']} cells done" if run and run["done"] else "not run",
                      "cells_ran": prov.get("date", "")[:10] if mine else None, "decided": prov.get("decided", prov).get("date", "")[:10] if mine else None,
                      "measured_cell_s": prov.get("total_cell_wall_s") if mine else None})
     return pd.DataFrame(rows)
@@ -307,7 +309,9 @@ def findings_table(root:Optional[Union[str,Path]]=None)->pd.DataFrame:
     for n, e in EXPERIMENTS.items():
         f = Path(root) / n / "summary.json"
         if not f.is_file():
-            rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": "not run yet", "verdict": "", "chapter": e.chapter}); continue
+            run = run_progress(n, root)
+            ours = f"running: {run['done']} of {run['cells']} cells done" if run["done"] else "not run yet"
+            rows.append({"experiment": n, "claim": e.claim, "paper": e.paper, "ours": ours, "verdict": "", "chapter": e.chapter}); continue
         s = read_json(f, "summary"); v = s["verdicts"][0]
         fmt = lambda x: "—" if x is None or x != x else f"{x:.3g}"
         ours = (f"{v['statistic']} {fmt(v['estimate'])} [{fmt(v['low'])}, {fmt(v['high'])}]" if v["statistic"] != "diagonal"

@@ -6,18 +6,19 @@ Docs: https://spline-transformers.github.io/spline_transformers/2_learned_nonlin
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #0de7ca19
 from __future__ import annotations
-import importlib, json, math, os, re, shutil, time
+import datetime, importlib, json, math, os, re, shutil, time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'reproduce', 'result_state', 'check_run', 'check_cells',
-           'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells', 'cell_main',
-           'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'CELL_SCRATCH', 'reproduce', 'result_state', 'check_run',
+           'check_cells', 'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells',
+           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
            'summarise_transfer', 'redecide', 'Kind', 'register_kind', 'kind_named', 'get_work', 'kind_cells',
-           'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind', 'result_headline', 'run_transfer']
+           'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind', 'result_headline', 'cell_result_files',
+           'run_progress', 'runs_in_progress', 'run_transfer']
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #979a78a4
 from .core import (atomic_write, check_option, content_hash, provenance_record, remove_stale_temps, tensor_digest,
-                                      model_device, resolve_device, sha256_hex, staged_folder, ChildProcess, FolderLock, FolderInUse)
+                                      model_device, resolve_device, sha256_hex, staged_folder, cpu_model, ChildProcess, FolderLock, FolderInUse, TEMP_MARK)
 from .model import TransformerConfig, Nonlinearities, record_preactivations, PEER_ZOO, load_peer
 from .attention import record_scores
 from .ensemble import Ensemble
@@ -345,14 +346,18 @@ def _run_cells(cells:list, root:Path, device:str)->list:
         folder = root / c.key
         for f, text in outputs[c.key].items(): atomic_write(folder / f, text)
         d = {"key": c.key, "label": c.label, "wall_s": wall / len(cells), "resumed": resume, "threads": torch.get_num_threads(), "device": device,
-             "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()}}   # what `cell_problem` checks
+             "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()},   # what `cell_problem` checks
+             "cpu": cpu_model(), "finished": _now()}   # the cells of one result may run on different machines (a run resumed elsewhere)
         if len(cells) > 1: d.update(batch=[b.label for b in cells], batch_wall_s=wall)   # its share of one batched job
         atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
     shutil.rmtree(ckpt, ignore_errors=True)
     return done
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #32a51ff2
-CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json", "output.json")  # what a done cell holds (checksummed in done.json)
+CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json",
+              "phase1/best.safetensors", "phase1/best.json", "phase1/metrics.csv", "output.json")  # what a done cell holds (checksummed in done.json)
+
+def _now()->str: return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 def cell_main(
     cells:list, # the job's cells as JSON: key, spec, deps and label each
@@ -419,7 +424,8 @@ def provenance(
             "threads_per_cell": sorted({c.get("threads", 1) for c in cell_info}) or [1], "jobs": jobs,
             "device": sorted({c.get("device", "cpu") for c in cell_info}),
             "cell_wall_s": {c["label"]: round(c["wall_s"], 2) for c in cell_info}, "total_cell_wall_s": round(sum(c["wall_s"] for c in cell_info), 1),
-            "batched_seeds": any("batch" in c for c in cell_info)}   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
+            "batched_seeds": any("batch" in c for c in cell_info),
+            "cell_cpus": sorted({c["cpu"] for c in cell_info if c.get("cpu")})}   # the machines the cells ran on (cells of a resumed run may differ)   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #aa2eb9e4
 def _finite(x):
@@ -661,7 +667,7 @@ def run_kind_cells(
         out = kind.run({k: v for k, v in c.spec.items() if k not in ("kind", "module")})
         atomic_write(folder / "output.json", json.dumps(out))
         d = {"key": c.key, "label": c.label, "wall_s": time.perf_counter() - t0, "resumed": False, "threads": torch.get_num_threads(),
-             "device": "cpu", "sha256": {"output.json": sha256_hex((folder / "output.json").read_bytes())}}
+             "device": "cpu", "sha256": {"output.json": sha256_hex((folder / "output.json").read_bytes())}, "cpu": cpu_model(), "finished": _now()}
         atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
     return done
 
@@ -686,6 +692,37 @@ def result_headline(summary:dict)->str:
         return f"{v['verdict']} ({v['statistic']} {v['estimate']:.3g}, 95% interval [{v['low']:.3g}, {v['high']:.3g}])"
     k = kind_named(summary.get("kind", ""), summary.get("module"))
     return k.headline(summary) if k is not None and k.headline is not None else summary.get("title", "")
+
+# %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #fdfea7e3
+CELL_SCRATCH = ("log.txt", ".lock")  # files of a cell folder that are not its results (with its `ckpt*` folders and temporaries)
+
+def cell_result_files(
+    folder:Union[str,Path], # a cell's folder, `<out>/.cells/<key>`
+)->list:
+    "The files of a done cell that hold its results (relative paths, sorted): everything but its checkpoints, log, locks and temporaries."
+    folder = Path(folder)
+    if not (folder / "done.json").is_file(): raise ValueError(f"{folder}: not a done cell (no done.json); only done cells have results")
+    keep = lambda p: p.name not in CELL_SCRATCH and TEMP_MARK not in p.name and not p.relative_to(folder).parts[0].startswith("ckpt")
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and keep(p))
+
+def run_progress(
+    name:str, # a registered experiment or runner `Kind`
+    out:Union[str,Path]="results", # the results folder whose `.cells` the run fills
+    size:str="cpu", # the size
+)->dict:
+    "How far a run of `name` at `size` got in `out`: its cells, those done and intact there, their cell time and the CPUs they ran on."
+    cs, root = work_cells(get_work(name), size), Path(out) / ".cells"
+    done = [read_json(root / c.key / "done.json", "done.json") for c in cs if _is_done(root, c.key) and cell_problem(c, root) is None]
+    return {"cells": len(cs), "done": len(done), "cell_s": round(sum(d["wall_s"] for d in done), 1), "cpus": sorted({d["cpu"] for d in done if d.get("cpu")})}
+
+def runs_in_progress(
+    out:Union[str,Path]="results", # the results folder
+    size:str="cpu", # the size
+)->dict:
+    "name -> `run_progress` for every registered experiment or kind with no result in `out` but some of its `size` cells done there."
+    return {n: p for n in {**EXPERIMENTS, **KINDS} if not (Path(out) / n / "summary.json").is_file()
+            for p in [run_progress(n, out, size)] if p["done"]}
+
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #81234d50
 def run_transfer(

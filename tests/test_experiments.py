@@ -1,5 +1,5 @@
 "The experiment system: registry, statistics, the committed results (current, complete, with provenance), the zoo, and `reproduce` (smoke runs, kill and resume, CLI)."
-import json, math, os, signal, subprocess, sys, time
+import json, math, os, re, signal, subprocess, sys, time
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +13,7 @@ import torch
 from spline_transformers import results as ex
 from spline_transformers.experiments import EXPERIMENTS, SIZES, Arm, Experiment, Phase1Run, cells, register
 from spline_transformers.stats import VERDICTS, Verdict, decide, paired_bootstrap
-from spline_transformers.runner import reproduce
+from spline_transformers.runner import CELL_SCRATCH, _pending, cell_problem, reproduce, runs_in_progress
 from spline_transformers.results import load_learned, learned_zoo, stale_results, zoo_dir
 from spline_transformers.model import Nonlinearities
 
@@ -190,9 +190,11 @@ def test_committed_results_are_current():
 
 
 def test_every_experiment_has_a_committed_cpu_result_with_provenance():
-    have = committed()
-    missing = [n for n in EXPERIMENTS if n not in have]
-    assert not missing, f"no committed cpu result for {missing}: run `spline-transformers reproduce {' '.join(missing)} --size cpu --jobs 2 --out results`"
+    "Every registered experiment has its cpu result, or is a run in progress: some of its cells committed (chapter 9c), no verdict yet."
+    have, running = committed(), runs_in_progress(RESULTS)
+    missing = [n for n in EXPERIMENTS if n not in have and n not in running]
+    assert not missing, (f"no committed cpu result for {missing}: run `spline-transformers reproduce {' '.join(missing)} --size cpu --jobs 2 --out results`, "
+                         "or commit its done cells with tools/commit_cells.py")
     for n in have:
         s = json.loads((RESULTS / n / "summary.json").read_text())
         p = json.loads((RESULTS / n / "provenance.json").read_text())
@@ -200,6 +202,29 @@ def test_every_experiment_has_a_committed_cpu_result_with_provenance():
         assert PROVENANCE_KEYS <= set(p), (n, PROVENANCE_KEYS - set(p))
         assert p["config_hash"] == s["config_hash"] == EXPERIMENTS[n].config_hash("cpu")
         assert (RESULTS / n / "metrics.csv.gz").is_file()
+
+
+def _committed_cells()->dict:
+    "key -> the committed files of that cell folder under results/.cells (git's list: a local run's cells beside them are its own business)."
+    git = subprocess.run(["git", "ls-files", "--", "results/.cells"], cwd=ROOT, capture_output=True, text=True)
+    files = git.stdout.split() if git.returncode == 0 else [str(p.relative_to(ROOT)) for p in (RESULTS / ".cells").rglob("*") if p.is_file()]
+    out = {}
+    for f in files: out.setdefault(Path(f).parts[2], []).append(str(Path(*Path(f).parts[3:])))
+    return out
+
+
+def test_committed_cells_are_intact_and_belong_to_a_run_in_progress():
+    "A run longer than a session commits its done cells (tools/commit_cells.py): each is intact, holds no scratch, and is a current cpu cell of a run without a result yet."
+    cells_here = _committed_cells()
+    running = runs_in_progress(RESULTS)
+    theirs = _pending(list(running), "cpu") if running else {}
+    for key, files in cells_here.items():
+        assert "done.json" in files, f"results/.cells/{key}: committed without done.json (only done cells are committed)"
+        assert key in theirs, (f"results/.cells/{key}: a done cell of no run in progress (its configuration changed, or its result is written): "
+                               "take it out with `python tools/commit_cells.py NAME --drop`")
+        assert cell_problem(theirs[key], RESULTS / ".cells") is None, cell_problem(theirs[key], RESULTS / ".cells")
+        assert not [f for f in files if Path(f).name in CELL_SCRATCH or Path(f).parts[0].startswith("ckpt")], (key, files)   # results only
+    assert set(theirs) >= set(cells_here)
 
 
 def test_committed_verdicts_follow_from_the_committed_tables():
@@ -349,6 +374,7 @@ def test_reproduce_list_shows_every_experiment(capsys):
     out = capsys.readouterr().out
     for n in EXPERIMENTS: assert f"\n{n} " in "\n" + out or out.startswith(n), n
     assert "cells at cpu" in out
+    assert re.search(r"registered [0-9a-f]{10} \(\d{4}-\d\d-\d\d\), decided\n", out)   # each experiment's status: decided, running (cells done so far) or not run
 
 
 # ---------------------------------------------------------------- issue 27: the authors' splines in the zoo's lm-afs namespace
