@@ -424,8 +424,8 @@ def provenance(
             "threads_per_cell": sorted({c.get("threads", 1) for c in cell_info}) or [1], "jobs": jobs,
             "device": sorted({c.get("device", "cpu") for c in cell_info}),
             "cell_wall_s": {c["label"]: round(c["wall_s"], 2) for c in cell_info}, "total_cell_wall_s": round(sum(c["wall_s"] for c in cell_info), 1),
-            "batched_seeds": any("batch" in c for c in cell_info),
-            "cell_cpus": sorted({c["cpu"] for c in cell_info if c.get("cpu")})}   # the machines the cells ran on (cells of a resumed run may differ)   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
+            "batched_seeds": any("batch" in c for c in cell_info),   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
+            "cell_cpus": sorted({c["cpu"] for c in cell_info if c.get("cpu")})}   # the machines the cells ran on (cells of a resumed run may differ)
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #aa2eb9e4
 def _finite(x):
