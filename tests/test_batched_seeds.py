@@ -5,6 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from spline_transformers.core import cpu_model
 from spline_transformers.experiments import EXPERIMENTS, cells
 from spline_transformers.runner import batch_key, reproduce, run_cells
 
@@ -64,7 +65,8 @@ def test_reproduce_batches_each_arm_and_keeps_per_seed_results(tiny, tmp_path):
     for c in cells(tiny, "smoke"):
         d = json.loads((root / c.key / "done.json").read_text())
         assert ("batch" in d) == (c.spec["kind"] == "train")
-    assert json.loads((tmp_path / "b" / NAME / "provenance.json").read_text())["batched_seeds"] is True
+    prov = json.loads((tmp_path / "b" / NAME / "provenance.json").read_text())
+    assert prov["batched_seeds"] is True and prov["cell_cpus"] == [cpu_model()]   # each done.json names its machine; the provenance lists them
     assert sorted(r["seed"] for r in res["per_seed"]) == [0, 0, 1, 1]
     said = []
     reproduce(NAME, "smoke", jobs=2, out=tmp_path / "l", log=said.append, batch_seeds=False)
