@@ -901,7 +901,7 @@ def build_interpolator(
     if verify:
         if progress is not None: progress(f"verifying {len(X)} sequences through {T.n_blocks} blocks")
         outs = T.forward_many(X)
-        preds = [distinct_points(o.numpy(), TOL_DEDUP * scale) for o in outs]
+        preds = [T.output_sequence(o).numpy() for o in outs]
         errs = np.array([hausdorff(p, y) for p, y in zip(preds, Y)]); T.info["hausdorff"] = errs
         for j, x in enumerate(X):
             k = len(preds[j])
@@ -947,7 +947,7 @@ def largest_exact_tau(
         try: T = build_interpolator(X, Y, attention="softmax", tau=t, seed=seed, strict=False, verify=False)
         except ConstructionError: ok = False
         else:
-            preds = [distinct_points(o.numpy(), TOL_DEDUP * scale) for o in T.forward_many(X)]
+            preds = [T.output_sequence(o).numpy() for o in T.forward_many(X)]
             ok = all(len(p) == len(y) and hausdorff(p, y) <= tol * scale for p, y in zip(preds, Y))
         if not ok: out["failures"].append(t)
         return ok
