@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 # %% auto #0
-__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'CELL_SCRATCH', 'reproduce', 'result_state', 'check_run',
-           'check_cells', 'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key', 'run_cells',
-           'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise', 'cells_hash',
-           'summarise_transfer', 'redecide', 'Kind', 'register_kind', 'kind_named', 'get_work', 'kind_cells',
-           'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind', 'result_headline', 'cell_result_files',
-           'run_progress', 'runs_in_progress', 'run_transfer']
+__all__ = ['MAX_BATCH', 'PROBE_EDGES', 'CELL_FILES', 'KINDS', 'CELL_SCRATCH', 'CELL_COPIES', 'reproduce', 'result_state',
+           'check_run', 'check_cells', 'run_scheduled', 'load_data', 'corpus_probe', 'run_cell', 'batch_key',
+           'run_cells', 'cell_main', 'cell_problem', 'provenance', 'attention_tail', 'check_done', 'summarise',
+           'cells_hash', 'summarise_transfer', 'redecide', 'Kind', 'register_kind', 'kind_named', 'get_work',
+           'kind_cells', 'work_cells', 'is_kind_cell', 'run_kind_cells', 'summarise_kind', 'result_headline',
+           'cell_result_files', 'run_progress', 'runs_in_progress', 'run_transfer']
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #94cc1e6c
 import numpy as np
@@ -355,7 +355,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #32a51ff2
 CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json",
-              "phase1/best.safetensors", "phase1/best.json", "phase1/metrics.csv", "output.json")  # what a done cell holds (checksummed in done.json)
+              "phase1/best.safetensors", "phase1/best.json", "output.json")  # what a done cell holds (checksummed in done.json)
 
 def _now()->str: return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -402,7 +402,8 @@ def cell_problem(
             if not first or have != first: return f"{folder / 'metrics.csv'}: the evaluation at step {st} is missing or incomplete (the run ends at step {want[-1]})"
         if cell.spec["kind"] == "phase1":
             read_json(folder / "phase1" / "phase1.json", "phase1.json")
-            if not (folder / "phase1" / "nonlinearities.safetensors").is_file(): return f"{folder / 'phase1'}: no nonlinearities.safetensors"
+            for f in ("nonlinearities.safetensors", "best.safetensors"):   # the final splines, and the best on D_arch (the `learned_best` arms')
+                if not (folder / "phase1" / f).is_file(): return f"{folder / 'phase1'}: no {f}"
     except (ValueError, OSError) as e: return str(e)
     return None
 
@@ -425,7 +426,7 @@ def provenance(
             "device": sorted({c.get("device", "cpu") for c in cell_info}),
             "cell_wall_s": {c["label"]: round(c["wall_s"], 2) for c in cell_info}, "total_cell_wall_s": round(sum(c["wall_s"] for c in cell_info), 1),
             "batched_seeds": any("batch" in c for c in cell_info),   # some cells trained as one batched ensemble (`run_cells`; wall_s is a share)
-            "cell_cpus": sorted({c["cpu"] for c in cell_info if c.get("cpu")})}   # the machines the cells ran on (cells of a resumed run may differ)
+            "cell_cpus": sorted({c.get("cpu") or "unknown" for c in cell_info})}   # the machines the cells ran on (cells of a resumed run may differ; older cells did not say)
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #aa2eb9e4
 def _finite(x):
@@ -695,14 +696,16 @@ def result_headline(summary:dict)->str:
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #fdfea7e3
 CELL_SCRATCH = ("log.txt", ".lock")  # files of a cell folder that are not its results (with its `ckpt*` folders and temporaries)
+CELL_COPIES = ("phase1/metrics.csv",)  # files of a cell folder that repeat another of its files byte for byte (the Phase I run's table is the cell's metrics.csv)
 
 def cell_result_files(
     folder:Union[str,Path], # a cell's folder, `<out>/.cells/<key>`
 )->list:
-    "The files of a done cell that hold its results (relative paths, sorted): everything but its checkpoints, log, locks and temporaries."
+    "The files of a done cell that hold its results (relative paths, sorted): everything but its checkpoints, log, locks, temporaries and copies."
     folder = Path(folder)
     if not (folder / "done.json").is_file(): raise ValueError(f"{folder}: not a done cell (no done.json); only done cells have results")
-    keep = lambda p: p.name not in CELL_SCRATCH and TEMP_MARK not in p.name and not p.relative_to(folder).parts[0].startswith("ckpt")
+    keep = lambda p: (p.name not in CELL_SCRATCH and TEMP_MARK not in p.name and not p.relative_to(folder).parts[0].startswith("ckpt")
+                      and p.relative_to(folder).as_posix() not in CELL_COPIES)
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and keep(p))
 
 def run_progress(
@@ -710,18 +713,19 @@ def run_progress(
     out:Union[str,Path]="results", # the results folder whose `.cells` the run fills
     size:str="cpu", # the size
 )->dict:
-    "How far a run of `name` at `size` got in `out`: its cells, those done and intact there, their cell time and the CPUs they ran on."
+    "How far a run of `name` at `size` got in `out`: its cells, those done and intact there (`own`: run under its name, not shared with another experiment's run), their cell time and CPUs."
     cs, root = work_cells(get_work(name), size), Path(out) / ".cells"
     done = [read_json(root / c.key / "done.json", "done.json") for c in cs if _is_done(root, c.key) and cell_problem(c, root) is None]
-    return {"cells": len(cs), "done": len(done), "cell_s": round(sum(d["wall_s"] for d in done), 1), "cpus": sorted({d["cpu"] for d in done if d.get("cpu")})}
+    return {"cells": len(cs), "done": len(done), "own": sum(d.get("label", "").startswith(f"{name}/") for d in done),
+            "cell_s": round(sum(d["wall_s"] for d in done), 1), "cpus": sorted({d.get("cpu") or "unknown" for d in done})}
 
 def runs_in_progress(
     out:Union[str,Path]="results", # the results folder
     size:str="cpu", # the size
 )->dict:
-    "name -> `run_progress` for every registered experiment or kind with no result in `out` but some of its `size` cells done there."
+    "name -> `run_progress` for every registered experiment or kind with no result in `out` but some cells of its own run done there (a cell it shares with another run does not count)."
     return {n: p for n in {**EXPERIMENTS, **KINDS} if not (Path(out) / n / "summary.json").is_file()
-            for p in [run_progress(n, out, size)] if p["done"]}
+            for p in [run_progress(n, out, size)] if p["own"]}
 
 
 # %% ../nbs/2_learned_nonlinearities/09c_runner.ipynb #81234d50

@@ -39,7 +39,8 @@ def test_done_cells_travel_and_a_clone_runs_only_the_rest(repo, tmp_path, tiny):
     tracked = _git(repo, "ls-files", "results/.cells").split()
     assert tracked and all(p.startswith(f"results/.cells/{cs[0].key}/") for p in tracked)
     assert not [p for p in tracked if p.endswith(("log.txt", ".lock")) or "/ckpt" in p]   # results only, never scratch
-    assert {"done.json", "metrics.csv", "phase1/nonlinearities.safetensors"} <= {p.split("/", 3)[3] for p in tracked}
+    files = {p.split("/", 3)[3] for p in tracked}
+    assert {"done.json", "metrics.csv", "phase1/nonlinearities.safetensors", "phase1/best.safetensors"} <= files and "phase1/metrics.csv" not in files   # no copies
     assert commit_cells.commit([NAME], run, repo / "results") == []   # already there
     assert run_progress(NAME, repo / "results")["done"] == 1 and list(runs_in_progress(repo / "results")) == [NAME]
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "cells")
@@ -48,8 +49,19 @@ def test_done_cells_travel_and_a_clone_runs_only_the_rest(repo, tmp_path, tiny):
     reproduce(NAME, "cpu", jobs=2, out=clone / "results", resume=True, log=lines.append)
     assert f"{len(cs)} cells, 1 already done, {len(cs) - 1} to run" in lines[0], lines[0]   # the clone ran only the rest
     with pytest.raises(SystemExit, match="its result is in"): commit_cells.commit([NAME], run, clone / "results")
-    commit_cells.drop([NAME], clone / "results")
+    assert len(commit_cells.drop([NAME], clone / "results")) == 1
     assert _git(clone, "ls-files", "results/.cells") == "" and (clone / "results" / ".cells" / cs[0].key / "done.json").is_file()   # out of git, on disk
+
+
+def test_a_run_resumed_in_results_commits_its_new_cells_in_place(repo, tiny):
+    "After the first hand-off the run goes on in results/ itself: its new done cells are added where they are; cells already in git are left."
+    cs = work_cells(tiny, "cpu"); res = repo / "results"
+    run_cell(cs[0], res / ".cells")
+    assert commit_cells.commit([NAME], res, res) == [cs[0].label]
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first chunk")
+    run_cell(cs[1], res / ".cells")                                  # the next session's chunk, in place
+    assert commit_cells.commit([NAME], res, res) == [cs[1].label]   # only the new one
+    assert {p.split("/")[2] for p in _git(repo, "ls-files", "results/.cells").split()} == {cs[0].key, cs[1].key}
 
 
 def test_refusals(repo, tmp_path, tiny):
