@@ -71,3 +71,28 @@ def test_refusals(repo, tmp_path, tiny):
     (tmp_path / "run" / ".cells").mkdir(parents=True)
     with pytest.raises(SystemExit, match="not registered"): commit_cells.commit([NAME], tmp_path / "run", repo / "results")
     with pytest.raises(ValueError, match="no_such"): commit_cells.commit(["no_such"], tmp_path / "run", repo / "results")
+
+
+@pytest.fixture
+def tiny2(tiny):
+    "A second registered experiment that shares `tiny`'s Phase I cell (the same specification, so the same key) and trains other seeds."
+    from dataclasses import replace
+    from spline_transformers.experiments import EXPERIMENTS, register
+    exp = register(replace(tiny, name="tiny2", sizes={s: replace(st, seeds=(2, 3)) for s, st in tiny.sizes.items()}))
+    yield exp
+    EXPERIMENTS.pop("tiny2", None)
+
+
+def test_drop_keeps_the_cells_another_run_in_progress_needs(repo, tiny, tiny2):
+    res = repo / "results"
+    ledger = json.loads((res / "registrations.json").read_text())
+    ledger["tiny2"] = [{**ledger[NAME][0], "config_hash": tiny2.config_hash("cpu")}]; (res / "registrations.json").write_text(json.dumps(ledger))
+    reproduce(NAME, "cpu", jobs=1, out=res, log=None)                       # tiny's result, its cells in results/.cells
+    p1 = next(c for c in work_cells(tiny, "cpu") if c.spec["kind"] == "phase1")
+    mine = next(c for c in work_cells(tiny2, "cpu") if p1.key in c.deps)     # a tiny2 cell trained on the shared Phase I run
+    assert p1.key in {c.key for c in work_cells(tiny2, "cpu")} and not {c.key for c in work_cells(tiny2, "cpu")} - {p1.key} & {c.key for c in work_cells(tiny, "cpu")}
+    run_cell(mine, res / ".cells")
+    assert sorted(commit_cells.commit(["tiny2"], res, res)) == sorted([mine.label, "tiny2/phase1/mlp_r0"])   # its own cell, and the shared one it needs
+    assert list(runs_in_progress(res)) == ["tiny2"] and run_progress("tiny2", res)["own"] == 1
+    assert commit_cells.drop([NAME], res) == []                             # the shared Phase I cell stays: tiny2 still needs it
+    assert p1.key in {p.split("/")[2] for p in _git(repo, "ls-files", "results/.cells").split()}
