@@ -347,7 +347,7 @@ def _run_cells(cells:list, root:Path, device:str)->list:
         for f, text in outputs[c.key].items(): atomic_write(folder / f, text)
         d = {"key": c.key, "label": c.label, "wall_s": wall / len(cells), "resumed": resume, "threads": torch.get_num_threads(), "device": device,
              "sha256": {f: sha256_hex((folder / f).read_bytes()) for f in CELL_FILES if (folder / f).is_file()},   # what `cell_problem` checks
-             "cpu": cpu_model(), "finished": _now()}   # the cells of one result may run on different machines (a run resumed elsewhere)
+             **_where_and_when()}
         if len(cells) > 1: d.update(batch=[b.label for b in cells], batch_wall_s=wall)   # its share of one batched job
         atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -357,7 +357,9 @@ def _run_cells(cells:list, root:Path, device:str)->list:
 CELL_FILES = ("metrics.csv", "by_size.csv", "probe.json", "phase1/phase1.json", "phase1/nonlinearities.safetensors", "phase1/nonlinearities.json",
               "phase1/best.safetensors", "phase1/best.json", "output.json")  # what a done cell holds (checksummed in done.json)
 
-def _now()->str: return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def _where_and_when()->dict:
+    "What every `done.json` records of its making: the CPU (the cells of one result may run on different machines, a run resumed elsewhere) and when it finished."
+    return {"cpu": cpu_model(), "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 def cell_main(
     cells:list, # the job's cells as JSON: key, spec, deps and label each
@@ -668,7 +670,7 @@ def run_kind_cells(
         out = kind.run({k: v for k, v in c.spec.items() if k not in ("kind", "module")})
         atomic_write(folder / "output.json", json.dumps(out))
         d = {"key": c.key, "label": c.label, "wall_s": time.perf_counter() - t0, "resumed": False, "threads": torch.get_num_threads(),
-             "device": "cpu", "sha256": {"output.json": sha256_hex((folder / "output.json").read_bytes())}, "cpu": cpu_model(), "finished": _now()}
+             "device": "cpu", "sha256": {"output.json": sha256_hex((folder / "output.json").read_bytes())}, **_where_and_when()}
         atomic_write(folder / "done.json", json.dumps(d)); done.append(d)
     return done
 
