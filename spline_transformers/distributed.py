@@ -6,8 +6,8 @@ Docs: https://spline-transformers.github.io/spline_transformers/2_learned_nonlin
 
 # %% auto #0
 __all__ = ['TIMEOUT_ENV', 'FAULT_ENV', 'DEFAULT_TIMEOUT_S', 'BACKENDS', 'distributed_phase1', 'sync_figure', 'torchrun_command',
-           'launch', 'DistInfo', 'is_distributed', 'default_backend', 'collective_timeout', 'dist_info',
-           'init_distributed', 'shutdown', 'shard_sizes', 'shard', 'RankFailure', 'all_gather_objects',
+           'launch', 'DistInfo', 'is_distributed', 'launched_world_size', 'default_backend', 'collective_timeout',
+           'dist_info', 'init_distributed', 'shutdown', 'shard_sizes', 'shard', 'RankFailure', 'all_gather_objects',
            'broadcast_object', 'GradAllReduce', 'rank_checkpoint_dir', 'agreed_resume', 'check_identical_splines',
            'SplineHistory', 'merge_phase1', 'distributed_transfer']
 
@@ -51,15 +51,16 @@ def distributed_phase1(
     **overrides, # TrainConfig fields that replace those of `cfg`
 )->Optional[Phase1Result]:
     "Phase I with the M models sharded over the torchrun ranks and the spline gradients all-reduced; rank 0 returns (and saves) the merged result, the others None."
-    info = init_distributed(backend, timeout)
     cfg = replace(cfg or TrainConfig(), **overrides)
     p1 = p1 or Phase1Config()
-    if p1.staggered and info.world_size > 1:
+    world = launched_world_size()   # every rank refuses alike *before* joining: a rank that leaves mid-connect breaks its peers' connect
+    if p1.staggered and world > 1:
         raise NotImplementedError("staggered=True is not supported on several ranks yet (model m's start depends on its index among all M); "
                                   "run it on one process, or use staggered=False")
-    if p1.n_models < info.world_size:
-        raise ValueError(f"{p1.n_models} models cannot be shared by {info.world_size} ranks (each rank trains at least one): "
+    if p1.n_models < world:
+        raise ValueError(f"{p1.n_models} models cannot be shared by {world} ranks (each rank trains at least one): "
                          f"launch at most {p1.n_models} processes, or train more models")
+    info = init_distributed(backend, timeout)
     mine = shard(p1.seeds, info.rank, info.world_size)
     ck = None if cfg.checkpoint_dir is None else rank_checkpoint_dir(cfg.checkpoint_dir, info.rank, info.world_size)
     start_from = agreed_resume(cfg.checkpoint_dir, resume, info)
@@ -207,6 +208,11 @@ def is_distributed()->bool:
     "True when this process is one of several launched by torchrun (WORLD_SIZE > 1) or a process group of size > 1 exists."
     if dist.is_available() and dist.is_initialized(): return dist.get_world_size() > 1
     return _env_int("WORLD_SIZE", 1) > 1
+
+def launched_world_size()->int:
+    "How many ranks this job has: the process group's size, or torchrun's WORLD_SIZE before joining it (1 without torchrun)."
+    if dist.is_available() and dist.is_initialized(): return dist.get_world_size()
+    return max(1, _env_int("WORLD_SIZE", 1))
 
 def default_backend()->str:
     "NCCL where CUDA GPUs and NCCL are available, gloo otherwise."
