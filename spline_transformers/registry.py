@@ -369,6 +369,26 @@ register(_mano_authors("mano_authors_15000", "MANO at 15,000 steps, under the au
     Power(0.32, "results/pilot_mano_long at ca0dbef: standard seeds at 15,000 steps, sd of log restricted steps 0.22 (never-reached one "
                 "evaluation past the budget), times √2 for two independent arms")))   # mano_authors at the third pilot's budget
 
+# %% ../nbs/2_learned_nonlinearities/09b_registry.ipynb #83a0aa06
+_COPY_PAPER = ("COPY (train lengths ≤ 10): sequence accuracy at unseen lengths ranks ALiBi + learned splines above ALiBi, which is above the "
+               "baseline (≈ 0 at unseen lengths); not a full solution (spec §6).")
+_COPY_MLP, _COPY_OURS = _runs("mlp", 300), _ours_runs(800)   # the authors' recipe, and ours as the first copy ran it
+register(Experiment(
+    "copy_authors", "COPY at the unseen length where the arms differ, under the authors' recipe", task="copy", chapter="12_more_tasks",
+    claim="With ALiBi, tested at length 7, one past the training lengths 2–6 (where the ALiBi transformer reaches 95% in most of its pilot seeds "
+          "within 4,000 steps), splines learned in Phase I under the authors' recipe make a fresh transformer generalise to the unseen length faster "
+          "and better than ALiBi with GeLU; ALiBi beats learned positions there; our earlier recipe is measured beside it.",
+    paper=_COPY_PAPER,
+    sizes=_sizes(cpu_setting(dict(n_symbols=10, train_lengths=(2, 6), arch_lengths=(2, 9), test_lengths=(7, 7)),   # the first copy's task, tested at length 7
+                             arms=_recipe_arms(_COPY_MLP, _COPY_OURS) + (Arm("learned_pos", arch=(("pos", "learned"),)),),
+                             phase1_runs=_COPY_MLP + _COPY_OURS, arch={**_AUTHORS_ARCH, "pos": "alibi"}, p1=_AUTHORS_P1,
+                             train=dict(steps=4000), phase1_train=dict(steps=4000), seeds=tuple(range(10)), eval_by=("weights", "test")),
+                 gpu_task_params=dict(n_symbols=16, train_lengths=(2, 10), arch_lengths=(2, 15), test_lengths=(11, 11))),
+    power=Power(0.52, "results/pilot_copy at 338f8b9: ALiBi standard seeds at 4,000 steps tested at length 7, sd of log restricted steps 0.36 "
+                      "(never-reached one evaluation past the budget), times √2 for two independent arms"),
+    verdicts=_RECIPE_VERDICTS + (_LEARNED_TESTS_BETTER, Verdict("standard", "learned_pos", "final_test", 0.0))))
+
+
 # %% ../nbs/2_learned_nonlinearities/09b_registry.ipynb #212b8167
 def _lm_gain(arm:str, reference:str)->Verdict:
     "A language-model gain in validation token accuracy: margin ±0.5 points, planned for a 1-point gain (language-model accuracies move in tenths)."
