@@ -365,21 +365,30 @@ class FolderLock:
             time.sleep(0.005)
         return None
 
-    def acquire(self)->"FolderLock":
-        "Take the lock, or raise `FolderInUse` if another process holds it."
-        if self.held: return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        key = self._key()
+    def _take(self, key:tuple)->bool:
+        "One try at the OS lock (re-entrant in one process); True if this process now holds it."
         with _HELD_GUARD:
-            if key in _HELD: _HELD[key][1] += 1   # re-entrant in one process: counted
-            else:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)   # one file, never deleted: one lock
-                if not _try_lock(fd): os.close(fd); key = None
-                else:
-                    me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
-                    try: os.lseek(fd, 0, os.SEEK_SET); os.write(fd, me); os.ftruncate(fd, len(me))   # never empty in between
-                    except OSError: _unlock(fd); os.close(fd); raise
-                    _HELD[key] = [fd, 1]
+            if key in _HELD: _HELD[key][1] += 1; return True   # re-entrant in one process: counted
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)   # one file, never deleted: one lock
+            if not _try_lock(fd): os.close(fd); return False
+            me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+            try: os.lseek(fd, 0, os.SEEK_SET); os.write(fd, me); os.ftruncate(fd, len(me))   # never empty in between
+            except OSError: _unlock(fd); os.close(fd); raise
+            _HELD[key] = [fd, 1]
+            return True
+
+    def acquire(self,
+                wait:float=0, # seconds to wait for another process to let go (0: refuse at once; `math.inf`: until it does)
+               )->"FolderLock":
+        "Take the lock; if another process holds it, wait up to `wait` seconds for it, then raise `FolderInUse`."
+        if self.held: return self
+        if not wait >= 0: raise ValueError(f"wait must be >= 0 seconds, got {wait}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key, deadline = self._key(), time.monotonic() + wait
+        while not self._take(key):
+            left = deadline - time.monotonic()
+            if left <= 0: key = None; break
+            time.sleep(min(0.05, left))   # the holder's turn first
         if key is None:
             owner = self._owner()
             who = f"process {owner.get('pid')} on {owner.get('host')}" if owner else "another process"
@@ -863,9 +872,7 @@ def _hold_build_folder(
     builder, and clear the `lock` file torch's `FileBaton` leaves when a build or load is killed: torch waits on it forever."""
     with _BUILDING:
         lock = FolderLock(folder, "C++ build folder")
-        while True:
-            try: lock.acquire(); break
-            except FolderInUse: time.sleep(0.1)   # another process builds or loads this extension: its turn first
+        lock.acquire(wait=math.inf)   # another process builds or loads this extension: its turn first
         try:
             baton = folder / "lock"   # every builder of the package holds the folder lock first: a baton here is a dead one's
             if baton.exists():

@@ -111,7 +111,7 @@ def test_the_main_install_brings_what_the_fast_kernels_need():
 
 # ---- issue 29: locks, temporary names and permissions --------------------------------------------------------------
 
-import contextlib, json, multiprocessing, os, socket, stat
+import contextlib, json, multiprocessing, os, socket, stat, threading, time
 from pathlib import Path
 
 from spline_transformers.core import FolderInUse, FolderLock, atomic_write, remove_stale_temps
@@ -170,6 +170,23 @@ def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
     finally:
         p.kill(); p.join(30)   # killed: no release ran
     with FolderLock(tmp_path, "checkpoint folder") as lock: assert lock.held   # the kernel let go of its lock
+
+
+def test_acquire_waits_for_the_holder_when_asked(tmp_path):
+    "`acquire(wait=...)` takes the lock once the holder lets go; a wait shorter than the hold ends in `FolderInUse`, after the wait."
+    ready, stop = _FORK.Event(), _FORK.Event()
+    p = _FORK.Process(target=_hold, args=(str(tmp_path), ready, stop)); p.start()
+    try:
+        assert ready.wait(30)
+        t0 = time.monotonic()
+        with pytest.raises(FolderInUse, match="is in use by process"): FolderLock(tmp_path).acquire(wait=0.3)
+        assert time.monotonic() - t0 >= 0.3
+        threading.Timer(0.5, stop.set).start()   # the holder lets go in half a second
+        t0 = time.monotonic()
+        with FolderLock(tmp_path).acquire(wait=30) as lock: assert lock.held and time.monotonic() - t0 >= 0.4
+    finally:
+        stop.set(); p.join(30)
+    with pytest.raises(ValueError, match="wait must be >= 0"): FolderLock(tmp_path).acquire(wait=-1)
 
 
 def _try_once(folder:str, out):
