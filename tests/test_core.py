@@ -157,35 +157,37 @@ def _hold(folder:str, ready, stop):
     lock.release()
 
 
-def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
-    "A second process is refused in one line naming the holder (no advice to delete the lock); once the holder is killed, the lock is free."
+@contextlib.contextmanager
+def _held_elsewhere(folder):
+    "A forked process holding `folder`'s lock for the block: yields it and the event that makes it let go; killed at the end (no release runs)."
     ready, stop = _FORK.Event(), _FORK.Event()
-    p = _FORK.Process(target=_hold, args=(str(tmp_path), ready, stop)); p.start()
+    p = _FORK.Process(target=_hold, args=(str(folder), ready, stop)); p.start()
     try:
         assert ready.wait(30)
+        yield p, stop
+    finally:
+        p.kill(); p.join(30)
+
+
+def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
+    "A second process is refused in one line naming the holder (no advice to delete the lock); once the holder is killed, the lock is free."
+    with _held_elsewhere(tmp_path) as (p, _):
         with pytest.raises(FolderInUse) as e: FolderLock(tmp_path, "checkpoint folder").acquire()
         msg = str(e.value)
         assert f"checkpoint folder {tmp_path} is in use by process {p.pid} on {socket.gethostname()}" in msg, msg
         assert "\n" not in msg and "delete" not in msg.lower(), msg
-    finally:
-        p.kill(); p.join(30)   # killed: no release ran
     with FolderLock(tmp_path, "checkpoint folder") as lock: assert lock.held   # the kernel let go of its lock
 
 
 def test_acquire_waits_for_the_holder_when_asked(tmp_path):
     "`acquire(wait=...)` takes the lock once the holder lets go; a wait shorter than the hold ends in `FolderInUse`, after the wait."
-    ready, stop = _FORK.Event(), _FORK.Event()
-    p = _FORK.Process(target=_hold, args=(str(tmp_path), ready, stop)); p.start()
-    try:
-        assert ready.wait(30)
+    with _held_elsewhere(tmp_path) as (p, stop):
         t0 = time.monotonic()
         with pytest.raises(FolderInUse, match="is in use by process"): FolderLock(tmp_path).acquire(wait=0.3)
         assert time.monotonic() - t0 >= 0.3
         threading.Timer(0.5, stop.set).start()   # the holder lets go in half a second
         t0 = time.monotonic()
         with FolderLock(tmp_path).acquire(wait=30) as lock: assert lock.held and time.monotonic() - t0 >= 0.4
-    finally:
-        stop.set(); p.join(30)
     with pytest.raises(ValueError, match="wait must be >= 0"): FolderLock(tmp_path).acquire(wait=-1)
 
 
