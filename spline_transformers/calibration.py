@@ -191,10 +191,10 @@ PILOT_MANO_LONG = _pilot("mano", [
 ], "the budget beyond 10,000 steps at which the standard transformer of `pilot_mano_init`'s choice reaches 95% test accuracy on MANO in half to "
    "nine tenths of its seeds", name="pilot_mano_long",
    seeds=tuple(range(2008, 2016)))   # fresh seeds: PILOT_SEEDS did better at 10,000 steps (7 of 8) than mano_authors' standard seeds (3 of 10)
-_ALIBI = dict(pos="alibi")   # COPY's spline claims compare against ALiBi with GeLU, not against learned positions
+_ALIBI_ARCH = dict(pos="alibi")   # COPY's spline claims compare against ALiBi with GeLU, not against learned positions
 PILOT_COPY = _pilot("copy", [
-    dict(name="alibi_len7", task_params=dict(test_lengths=(7, 7)), arch=_ALIBI),
-    dict(name="alibi_len7_steps4000", task_params=dict(test_lengths=(7, 7)), arch=_ALIBI, train=dict(steps=4000)),
-    dict(name="alibi_len7_8_steps4000", task_params=dict(test_lengths=(7, 8)), arch=_ALIBI, train=dict(steps=4000)),
+    dict(name="alibi_len7", task_params=dict(test_lengths=(7, 7)), arch=_ALIBI_ARCH),
+    dict(name="alibi_len7_steps4000", task_params=dict(test_lengths=(7, 7)), arch=_ALIBI_ARCH, train=dict(steps=4000)),
+    dict(name="alibi_len7_8_steps4000", task_params=dict(test_lengths=(7, 8)), arch=_ALIBI_ARCH, train=dict(steps=4000)),
 ], "the unseen length and budget of COPY at which the ALiBi transformer (GeLU) reaches 95% sequence accuracy in half to nine tenths of its seeds")
 

@@ -6,7 +6,7 @@ Docs: https://spline-transformers.github.io/spline_transformers/2_learned_nonlin
 
 # %% auto #0
 __all__ = ['TIMEOUT_ENV', 'FAULT_ENV', 'DEFAULT_TIMEOUT_S', 'BACKENDS', 'distributed_phase1', 'sync_figure', 'torchrun_command',
-           'launch', 'DistInfo', 'is_distributed', 'launched_world_size', 'default_backend', 'collective_timeout',
+           'launch', 'DistInfo', 'launched_world_size', 'is_distributed', 'default_backend', 'collective_timeout',
            'dist_info', 'init_distributed', 'shutdown', 'shard_sizes', 'shard', 'RankFailure', 'all_gather_objects',
            'broadcast_object', 'GradAllReduce', 'rank_checkpoint_dir', 'agreed_resume', 'check_identical_splines',
            'SplineHistory', 'merge_phase1', 'distributed_transfer']
@@ -204,15 +204,14 @@ def _env_int(name:str, default:int)->int:
     try: return int(v)
     except ValueError: raise ValueError(f"environment variable {name}={v!r} is not an integer; torchrun sets it, do not set it by hand") from None
 
-def is_distributed()->bool:
-    "True when this process is one of several launched by torchrun (WORLD_SIZE > 1) or a process group of size > 1 exists."
-    if dist.is_available() and dist.is_initialized(): return dist.get_world_size() > 1
-    return _env_int("WORLD_SIZE", 1) > 1
-
 def launched_world_size()->int:
     "How many ranks this job has: the process group's size, or torchrun's WORLD_SIZE before joining it (1 without torchrun)."
     if dist.is_available() and dist.is_initialized(): return dist.get_world_size()
     return max(1, _env_int("WORLD_SIZE", 1))
+
+def is_distributed()->bool:
+    "True when this process is one of several launched by torchrun (WORLD_SIZE > 1) or a process group of size > 1 exists."
+    return launched_world_size() > 1
 
 def default_backend()->str:
     "NCCL where CUDA GPUs and NCCL are available, gloo otherwise."

@@ -97,11 +97,12 @@ register(Experiment(
     verdicts=(_LEARNED_TESTS_BETTER, Verdict("learned"), Verdict("learned", "control", "final_test", 0.0))))
 
 _ALIBI = (("pos", "alibi"),)
+_COPY_PAPER = ("COPY (train lengths ≤ 10): sequence accuracy at unseen lengths ranks ALiBi + learned splines above ALiBi, which is above the "
+               "baseline (≈ 0 at unseen lengths); not a full solution (spec §6).")
 register(Experiment(
     "copy", "COPY, length generalisation", task="copy", chapter="12_more_tasks", transfer_arm="alibi_learned",
     claim="On sequences longer than any seen in training, ALiBi beats learned positions, and ALiBi with learned splines beats ALiBi.",
-    paper="COPY (train lengths ≤ 10): sequence accuracy at unseen lengths ranks ALiBi + learned splines above ALiBi, which is above the "
-          "baseline (≈ 0 at unseen lengths); not a full solution (spec §6).",
+    paper=_COPY_PAPER,
     sizes=_sizes(cpu_setting(dict(n_symbols=10, train_lengths=(2, 6), arch_lengths=(2, 9), test_lengths=(7, 12)),
                              arms=(Arm("learned_pos"), Arm("alibi", arch=_ALIBI), Arm("alibi_learned", "phase1:alibi_mlp", arch=_ALIBI),
                                    Arm("alibi_learned_attn", "phase1:alibi_mlpattn", arch=_ALIBI)),
@@ -275,11 +276,12 @@ def _recipe_setting(
     ours_steps:int, # the Phase I steps of our recipe's runs (the first experiment's)
     n_seeds:int, # paired Phase II seeds, 0 … n_seeds − 1
     arch:dict=_AUTHORS_ARCH, # the architecture of every arm and Phase I model
-    **kw, # further `cpu_setting` arguments (a threshold)
+    extra_arms:tuple=(), # arms after `_recipe_arms` (a task's own reference, e.g. COPY's learned positions)
+    **kw, # further `cpu_setting` arguments (a threshold, eval_by)
 ):
-    "The cpu setting of an `*_authors` experiment: three Phase I runs of M = 8 under the authors' recipe, three of ours, `_recipe_arms`."
+    "The cpu setting of an `*_authors` experiment: three Phase I runs of M = 8 under the authors' recipe, three of ours, `_recipe_arms` and `extra_arms`."
     mlp, ours = _runs("mlp", 300), _ours_runs(ours_steps)
-    return cpu_setting(task_params, arms=_recipe_arms(mlp, ours), phase1_runs=mlp + ours, arch=arch, p1=_AUTHORS_P1,
+    return cpu_setting(task_params, arms=_recipe_arms(mlp, ours) + tuple(extra_arms), phase1_runs=mlp + ours, arch=arch, p1=_AUTHORS_P1,
                        train=train, phase1_train=train, seeds=tuple(range(n_seeds)), **kw)
 
 
@@ -370,19 +372,15 @@ register(_mano_authors("mano_authors_15000", "MANO at 15,000 steps, under the au
                 "evaluation past the budget), times √2 for two independent arms")))   # mano_authors at the third pilot's budget
 
 # %% ../nbs/2_learned_nonlinearities/09b_registry.ipynb #83a0aa06
-_COPY_PAPER = ("COPY (train lengths ≤ 10): sequence accuracy at unseen lengths ranks ALiBi + learned splines above ALiBi, which is above the "
-               "baseline (≈ 0 at unseen lengths); not a full solution (spec §6).")
-_COPY_MLP, _COPY_OURS = _runs("mlp", 300), _ours_runs(800)   # the authors' recipe, and ours as the first copy ran it
 register(Experiment(
     "copy_authors", "COPY at the unseen length where the arms differ, under the authors' recipe", task="copy", chapter="12_more_tasks",
     claim="With ALiBi, tested at length 7, one past the training lengths 2–6 (where the ALiBi transformer reaches 95% in most of its pilot seeds "
           "within 4,000 steps), splines learned in Phase I under the authors' recipe make a fresh transformer generalise to the unseen length faster "
           "and better than ALiBi with GeLU; ALiBi beats learned positions there; our earlier recipe is measured beside it.",
     paper=_COPY_PAPER,
-    sizes=_sizes(cpu_setting(dict(n_symbols=10, train_lengths=(2, 6), arch_lengths=(2, 9), test_lengths=(7, 7)),   # the first copy's task, tested at length 7
-                             arms=_recipe_arms(_COPY_MLP, _COPY_OURS) + (Arm("learned_pos", arch=(("pos", "learned"),)),),
-                             phase1_runs=_COPY_MLP + _COPY_OURS, arch={**_AUTHORS_ARCH, "pos": "alibi"}, p1=_AUTHORS_P1,
-                             train=dict(steps=4000), phase1_train=dict(steps=4000), seeds=tuple(range(10)), eval_by=("weights", "test")),
+    sizes=_sizes(_recipe_setting(dict(n_symbols=10, train_lengths=(2, 6), arch_lengths=(2, 9), test_lengths=(7, 7)), dict(steps=4000),   # the first copy's task, at length 7
+                                 ours_steps=800, n_seeds=10, arch={**_AUTHORS_ARCH, "pos": "alibi"},   # our recipe as the first copy ran it; ALiBi throughout
+                                 extra_arms=(Arm("learned_pos", arch=(("pos", "learned"),)),), eval_by=("weights", "test")),
                  gpu_task_params=dict(n_symbols=16, train_lengths=(2, 10), arch_lengths=(2, 15), test_lengths=(11, 11))),
     power=Power(0.52, "results/pilot_copy at 338f8b9: ALiBi standard seeds at 4,000 steps tested at length 7, sd of log restricted steps 0.36 "
                       "(never-reached one evaluation past the budget), times √2 for two independent arms"),
